@@ -1,0 +1,72 @@
+"""From engine events to text: streaming detokenization and stop sequences.
+
+Stop sequences are matched on text (as OpenAI documents), not on token ids:
+text that could be the start of a stop sequence is held back until it is
+known not to be one, and a match cancels the engine request at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from appliance.engine import Engine, Finished, FinishReason, GenerationRequest
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a stop sequence."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
+                        stops: tuple[str, ...]) -> AsyncIterator[str | Done]:
+    """Yield text deltas, then one Done. Cancels the engine request if abandoned."""
+    handle = engine.submit(request)
+    detok = tokenizer.detokenizer
+    pending = ""  # text decoded but not yet released
+    stopped = False
+    used = 0  # tokens that made it into the text (in-flight ones after a stop do not count)
+    try:
+        async for event in handle:
+            if isinstance(event, Finished):
+                if not stopped:
+                    detok.finalize()
+                    pending += detok.last_segment
+                    if pending:
+                        yield pending
+                reason = "length" if event.reason == FinishReason.LENGTH else "stop"
+                yield Done(reason, event.prompt_tokens, used, event.error)
+                return
+            if stopped:
+                continue  # tokens already in flight when we cancelled
+            used += 1
+            detok.add_token(event.id)
+            pending += detok.last_segment
+            hits = [i for s in stops if (i := pending.find(s)) >= 0]
+            if hits:
+                stopped = True
+                handle.cancel()
+                if cut := pending[: min(hits)]:
+                    yield cut
+                pending = ""
+                continue
+            keep = _held_back(pending, stops)
+            if len(pending) > keep:
+                yield pending[: len(pending) - keep]
+                pending = pending[len(pending) - keep:]
+    finally:
+        handle.cancel()  # client gone or generator closed: stop at the next token

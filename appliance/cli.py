@@ -1,0 +1,101 @@
+"""The `appliance` command: Hydra composes conf/ + profiles/, resolve() makes the plan.
+
+    appliance                                   serve (mode=serve, the default)
+    appliance mode=plan [overrides]             print the plan; exit 0, or 2 on PlanError
+    appliance -m mode=plan kv=a,b               one plan per sweep cell
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+
+import appliance  # noqa: F401  (BLAS preload before mlx)
+from appliance.config.hydra_setup import conf_dir, group_options, setup
+from appliance.plan import PlanError, resolve
+
+MODES = ("serve", "plan")
+log = logging.getLogger("appliance")
+_exit_code = 0
+
+
+def _override_problems(argv: list[str]) -> list[str]:
+    """Unknown group options, found before Hydra composes (it would stop at the first)."""
+    groups = group_options()
+    problems = []
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key not in groups:
+            continue
+        inner = re.sub(r"^(choice|glob)\((.*)\)$", r"\2", value.strip()).strip("[]")
+        for v in filter(None, (s.strip() for s in inner.split(","))):
+            if v not in groups[key]:
+                where = "profiles/" if key == "profile" else f"conf/{key}/"
+                problems.append(f"{key}={v!r} is not an option ({where}); "
+                                f"valid choices: {', '.join(groups[key])}")
+    return problems
+
+
+def _profiles(task_overrides: list[str]) -> tuple[str, ...]:
+    names: list[str] = []
+    for o in task_overrides:
+        if o.lstrip("+").startswith("profile="):
+            names += [s.strip() for s in o.split("=", 1)[1].strip("[]").split(",") if s.strip()]
+    return tuple(names)
+
+
+def run(cfg) -> int:
+    """One Hydra job: resolve the plan, then print it or serve it. Returns an exit code."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    problems = [] if cfg.mode in MODES else [
+        f"mode={cfg.mode!r} is not supported; valid choices: {', '.join(MODES)}"]
+    try:
+        plan = resolve(cfg, profiles=_profiles(list(hc.overrides.task)))
+    except PlanError as e:
+        problems += e.problems
+    if problems:
+        print(PlanError(problems).render(), file=sys.stderr)
+        return 2
+
+    if hc.mode == RunMode.MULTIRUN:
+        print(f"# cell {hc.job.num}: {' '.join(hc.overrides.task)}")
+    if cfg.mode == "plan":
+        print(plan.to_yaml(), end="")
+        return 0
+    from appliance.serve import serve
+
+    serve(plan)
+    return 0
+
+
+def main() -> None:
+    setup()
+    argv = sys.argv[1:]
+    problems = _override_problems(argv)
+    if problems:
+        print(PlanError(problems).render(), file=sys.stderr)
+        sys.exit(2)
+
+    import hydra
+
+    @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
+    def _job(cfg) -> None:
+        global _exit_code
+        _exit_code = max(_exit_code, run(cfg))
+
+    try:
+        _job()
+    except SystemExit as e:  # Hydra exits 1 on a config it cannot compose: a plan error too
+        sys.exit(2 if e.code == 1 else e.code)
+    sys.exit(_exit_code)
+
+
+if __name__ == "__main__":
+    main()

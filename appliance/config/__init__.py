@@ -1,0 +1,1 @@
+"""Hydra side of the appliance: typed schemas and where conf/ and profiles/ live."""

@@ -1,0 +1,54 @@
+"""Where conf/ and profiles/ live, and how profiles become a Hydra group.
+
+`+profile=NAME` must load `profiles/NAME.yaml` although profiles sit beside
+conf/, not inside it: each profile file is stored in Hydra's ConfigStore as
+option NAME of group `profile`, merged at the global package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from appliance.config.schema import register
+
+_PKG = Path(__file__).resolve().parent.parent
+
+
+def _first_dir(*candidates: Path) -> Path:
+    for c in candidates:
+        if c.is_dir():
+            return c
+    raise FileNotFoundError(f"none of {[str(c) for c in candidates]} exists")
+
+
+def conf_dir() -> Path:
+    """conf/ of a source checkout (editable install), else the copy in the wheel."""
+    return _first_dir(_PKG.parent / "conf", _PKG / "_conf")
+
+
+def profiles_dir() -> Path:
+    return _first_dir(_PKG.parent / "profiles", _PKG / "_profiles")
+
+
+def group_options() -> dict[str, list[str]]:
+    """Every config group and its options, profiles included (for validation and help)."""
+    groups = {
+        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(conf_dir().iterdir())
+        if d.is_dir() and d.name != "hydra"
+    }
+    groups["profile"] = sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+    return groups
+
+
+def setup() -> None:
+    """Register the schema and the profiles. Idempotent."""
+    register()
+    cs = ConfigStore.instance()
+    for path in sorted(profiles_dir().glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        cs.store(group="profile", name=path.stem, node=OmegaConf.create(data), package="_global_")

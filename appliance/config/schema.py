@@ -1,0 +1,110 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Config is data: these dataclasses only say what a user may write. What the
+values *mean* (validation, derived budgets, capabilities) is decided by
+`appliance.plan.resolve`. One YAML per option lives under `conf/<group>/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    """Which weights to serve."""
+
+    source: str = "tiny"  # tiny (embedded) | local (model.path) | hf (model.repo)
+    path: str | None = None  # local: an mlx-lm model directory
+    repo: str | None = None  # hf: a Hugging Face repo id
+    revision: str | None = None  # hf: branch, tag or commit
+    dtype: str = "auto"  # auto (checkpoint's) | float32 | bfloat16 | float16
+    name: str | None = None  # id served by /v1/models; derived when unset
+
+
+@dataclass
+class KVConfig:
+    """How the KV cache stores keys and values."""
+
+    scheme: str = "native"  # native: unquantized, in the model's compute dtype
+
+
+@dataclass
+class DraftConfig:
+    """Speculative decoding drafter."""
+
+    kind: str = "none"
+
+
+@dataclass
+class BatchConfig:
+    """How requests share the engine."""
+
+    mode: str = "serial"  # serial: strictly one request at a time
+    prefill_chunk: int = 2048  # prompt tokens per forward pass during prefill
+
+
+@dataclass
+class CacheConfig:
+    """Prefix-cache tiers."""
+
+    kind: str = "none"
+
+
+@dataclass
+class ServerConfig:
+    """The HTTP service and the workload's generation defaults."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_context: int | None = None  # prompt + completion tokens; None: the model's limit
+    default_max_tokens: int = 512  # when a request gives no max_tokens (mlx-lm server's default)
+    default_temperature: float = 0.0
+    default_top_p: float = 1.0
+    log_level: str = "info"
+
+
+@dataclass
+class MachineConfig:
+    """Facts about the machine. `auto` detects them; a profile may state them."""
+
+    name: str = "auto"
+    backend: str = "auto"  # auto | metal | cuda | cpu
+    chip: str | None = None
+    memory_gb: float | None = None  # unified / system memory
+    gpu_cores: int | None = None
+    bandwidth_gbs: float | None = None
+    headroom_gb: float = 2.0  # kept free for the OS and other programs
+    headroom_fraction: float = 0.1  # ... or this fraction of memory, whichever is larger
+
+
+@dataclass
+class AppConfig:
+    """The whole configuration. `mode` picks what the CLI does with the plan."""
+
+    mode: str = "serve"  # serve | plan
+    model: ModelConfig = field(default_factory=ModelConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    machine: MachineConfig = field(default_factory=MachineConfig)
+
+
+GROUPS = {
+    "model": ModelConfig,
+    "kv": KVConfig,
+    "draft": DraftConfig,
+    "batch": BatchConfig,
+    "cache": CacheConfig,
+    "server": ServerConfig,
+    "machine": MachineConfig,
+}
+
+
+def register() -> None:
+    """Register the schema so that every option YAML is type-checked."""
+    ConfigStore.instance().store(name="appliance_schema", node=AppConfig)

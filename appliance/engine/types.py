@@ -1,0 +1,53 @@
+"""What the engine accepts and emits: token ids, sampling settings, events."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """mlx-lm's sampler and logits-processor settings, one request's worth."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-sequence token
+    LENGTH = "length"  # max_tokens reached
+    CANCELLED = "cancelled"  # the client went away, or a stop sequence matched
+    ERROR = "error"  # the forward pass failed
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token id (end-of-sequence tokens are never delivered)."""
+
+    id: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+Event = Token | Finished

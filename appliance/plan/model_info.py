@@ -1,0 +1,127 @@
+"""What a model is, learned from its config.json and safetensors headers (never the weights).
+
+Layer kinds come from the cache objects mlx-lm's own model class would make:
+the class is instantiated lazily (MLX does not materialise its random init
+until evaluated), so this is exact for every architecture mlx-lm supports.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.plan.errors import PlanError
+
+DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "F64": 8,
+               "I64": 8, "U16": 2, "I16": 2, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
+COMPUTE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SAFETENSORS_TO_NAME = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    architecture: str
+    layer_kinds: tuple[str, ...]  # per layer: full | sliding | recurrent
+    sliding_window: int | None
+    vocab_size: int
+    hidden_size: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    max_position_embeddings: int | None
+    parameters: int  # stored elements (packed for quantized weights)
+    checkpoint_dtype: str  # dominant float dtype of the stored weights
+    weight_bytes: int  # on disk
+    float_weight_elements: int  # elements whose dtype a dtype override changes
+    quantization: str | None  # e.g. "4bit/g64", None when unquantized
+    config_sha256: str
+
+
+def read_safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file: names, dtypes, shapes. Reads no tensor data."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n))
+
+
+def _kinds_from_cache(config: dict) -> tuple[tuple[str, ...], int | None]:
+    from mlx_lm.models import cache as C
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))  # lazy: nothing is evaluated
+    kinds, window = [], None
+    for c in make_prompt_cache(model):
+        if isinstance(c, C.RotatingKVCache):
+            kinds.append("sliding")
+            window = c.max_size if window is None else min(window, c.max_size)
+        elif isinstance(c, (C.KVCache, C.QuantizedKVCache)):
+            kinds.append("full")
+        elif isinstance(c, C.ArraysCache):
+            kinds.append("recurrent")
+        else:
+            kinds.append(type(c).__name__)
+    return tuple(kinds), window
+
+
+def inspect_model(path: Path) -> ModelInfo:
+    """Describe the mlx-lm model directory at `path`; PlanError if it is not one."""
+    import hashlib
+
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise PlanError([f"model.path: {path} has no config.json (not an mlx-lm model directory)"])
+    raw = cfg_path.read_bytes()
+    config = json.loads(raw)
+    text = config.get("text_config", {})
+    get = lambda k: config.get(k, text.get(k))  # noqa: E731
+
+    files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        raise PlanError([f"model.path: {path} has no model*.safetensors weights"])
+    params = weight_bytes = float_elems = 0
+    by_dtype: dict[str, int] = {}
+    for f in files:
+        weight_bytes += f.stat().st_size
+        for name, meta in read_safetensors_header(f).items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for d in meta["shape"]:
+                n *= d
+            params += n
+            by_dtype[meta["dtype"]] = by_dtype.get(meta["dtype"], 0) + n
+            if meta["dtype"] in FLOAT_DTYPES:
+                float_elems += n
+    floats = {k: v for k, v in by_dtype.items() if k in FLOAT_DTYPES}
+    ckpt = SAFETENSORS_TO_NAME.get(max(floats, key=floats.get), "float32") if floats else "float32"
+
+    q = config.get("quantization") or config.get("quantization_config")
+    quant = f"{q.get('bits')}bit/g{q.get('group_size')}" if isinstance(q, dict) else None
+
+    try:
+        kinds, window = _kinds_from_cache(config)
+    except Exception as e:  # unknown model_type, bad args: name the cause
+        raise PlanError([f"model: mlx-lm cannot build {config.get('model_type')!r}: {e}"]) from e
+
+    heads = get("num_attention_heads")
+    hidden = get("hidden_size")
+    return ModelInfo(
+        architecture=str(config.get("model_type")),
+        layer_kinds=kinds,
+        sliding_window=window,
+        vocab_size=int(get("vocab_size") or 0),
+        hidden_size=hidden,
+        num_kv_heads=get("num_key_value_heads") or heads,
+        head_dim=get("head_dim") or (hidden // heads if hidden and heads else None),
+        max_position_embeddings=get("max_position_embeddings"),
+        parameters=params,
+        checkpoint_dtype=ckpt,
+        weight_bytes=weight_bytes,
+        float_weight_elements=float_elems,
+        quantization=quant,
+        config_sha256=hashlib.sha256(raw).hexdigest(),
+    )

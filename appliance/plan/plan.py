@@ -1,0 +1,140 @@
+"""The ExecutionPlan: one frozen, validated description of what will run.
+
+Nothing downstream of `resolve()` sees a DictConfig. Every field here is a
+decision or a fact; measurements taken at run time live elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    source: str  # tiny | local | hf
+    id: str  # the id served by /v1/models and echoed in responses
+    path: str  # directory (or hf repo id) handed to mlx_lm.load
+    revision: str | None
+    architecture: str  # mlx-lm model_type
+    layer_kinds: tuple[str, ...]  # per layer: full | sliding | recurrent
+    sliding_window: int | None
+    vocab_size: int
+    hidden_size: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    max_position_embeddings: int | None
+    parameters: int
+    checkpoint_dtype: str
+    dtype: str  # compute dtype the weights are cast to at load
+    quantization: str | None
+    weight_bytes_on_disk: int
+    weight_bytes: int  # resident, after any dtype cast
+    config_sha256: str
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    scheme: str
+    dtype: str
+    bytes_per_token: int  # all growing (full-attention) layers, K and V
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    kind: str
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    mode: str  # serial
+    max_rows: int  # rows decoded together (1 for serial)
+    prefill_chunk: int
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    kind: str
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    host: str
+    port: int
+    max_context: int  # prompt + completion tokens per request
+    default_max_tokens: int
+    default_temperature: float
+    default_top_p: float
+    log_level: str
+
+
+@dataclass(frozen=True)
+class MachinePlan:
+    name: str  # auto or the profile's name
+    backend: str  # metal | cuda | cpu (always detected: it is where MLX runs)
+    chip: str
+    memory_bytes: int
+    gpu_cores: int | None
+    bandwidth_gbs: float | None
+    headroom_bytes: int
+    blas: str  # Linux CPU: the BLAS MLX's matmuls bind to
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    usable_bytes: int  # memory - headroom
+    weights_bytes: int
+    kv_budget_bytes: int  # usable - weights: what KV (and later caches) may use
+    kv_bytes_at_max_context: int  # one request at max_context
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    model: ModelPlan
+    kv: KVPlan
+    draft: DraftPlan
+    batch: BatchPlan
+    cache: CachePlan
+    server: ServerPlan
+    machine: MachinePlan
+    memory: MemoryPlan
+    profiles: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # facts worth a look that are not errors
+    fingerprint: str = field(default="")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {"fingerprint": d.pop("fingerprint"), **d}
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
+
+
+def _plain(x):
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def fingerprint(model: ModelPlan, kv: KVPlan, draft: DraftPlan) -> str:
+    """Hash of exactly the fields that change KV bytes or output tokens.
+
+    Serving address, budgets and batch size are not in it: they change speed,
+    not bits (batched bf16 reductions are gated by parity tests instead).
+    """
+    key = {
+        # Content, not location: the same weights under another path hash the same.
+        "model": [model.architecture, model.config_sha256, model.weight_bytes_on_disk,
+                  model.parameters, model.revision],
+        "dtype": model.dtype,
+        "quantization": model.quantization,
+        "kv": [kv.scheme, kv.dtype],
+        "draft": draft.kind,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return "fp_" + digest[:16]

@@ -1,0 +1,178 @@
+"""resolve(cfg) -> ExecutionPlan: validate everything, derive the rest, refuse clearly.
+
+Every problem is collected and raised together as one PlanError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from appliance import _blas
+from appliance.plan.errors import PlanError
+from appliance.plan.machine import GiB, detect
+from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo, inspect_model
+from appliance.plan.plan import (
+    BatchPlan,
+    CachePlan,
+    DraftPlan,
+    ExecutionPlan,
+    KVPlan,
+    MachinePlan,
+    MemoryPlan,
+    ModelPlan,
+    ServerPlan,
+    fingerprint,
+)
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "embedded" / "tiny"
+
+# What is implemented today. Later capabilities extend these sets.
+SOURCES = ("tiny", "local", "hf")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_SCHEMES = ("native",)
+DRAFTS = ("none",)
+BATCH_MODES = ("serial",)
+CACHES = ("none",)
+BACKENDS = ("auto", "metal", "cuda", "cpu")
+
+
+def _choice(problems: list[str], field: str, value: Any, valid: tuple) -> None:
+    if value not in valid:
+        problems.append(f"{field}={value!r} is not supported; valid choices: {', '.join(valid)}")
+
+
+def _locate_model(m: Any, problems: list[str]) -> tuple[Path | None, str]:
+    """The local directory holding config.json and weights, and the served id."""
+    if m.source == "tiny":
+        return EMBEDDED_MODEL, m.name or "appliance-tiny"
+    if m.source == "local":
+        if not m.path:
+            problems.append("model.path is required with model=local (an mlx-lm model directory)")
+            return None, ""
+        p = Path(m.path).expanduser().resolve()
+        if not p.is_dir():
+            problems.append(f"model.path={m.path!r} is not a directory")
+            return None, ""
+        return p, m.name or p.name
+    if m.source == "hf":
+        if not m.repo:
+            problems.append("model.repo is required with model=hf (a Hugging Face repo id)")
+            return None, ""
+        try:  # config.json and headers only; mlx_lm.load fetches weights at serve time
+            from huggingface_hub import snapshot_download
+
+            p = Path(snapshot_download(m.repo, revision=m.revision,
+                                       allow_patterns=["config.json"]))
+        except Exception as e:
+            problems.append(f"model.repo={m.repo!r}: cannot fetch its config.json ({e})")
+            return None, ""
+        return p, m.name or m.repo
+    return None, ""
+
+
+def _weights_resident(info: ModelInfo, dtype: str) -> int:
+    """Bytes the weights occupy once cast to `dtype` (quantized blocks unchanged)."""
+    if dtype == info.checkpoint_dtype:
+        return info.weight_bytes
+    delta = COMPUTE_BYTES[dtype] - COMPUTE_BYTES.get(info.checkpoint_dtype, 4)
+    return info.weight_bytes + delta * info.float_weight_elements
+
+
+def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
+    """Turn a composed config (DictConfig or equivalent attribute tree) into a plan."""
+    problems: list[str] = []
+    notes: list[str] = []
+    m, srv, mach = cfg.model, cfg.server, cfg.machine
+
+    _choice(problems, "model.source", m.source, SOURCES)
+    _choice(problems, "model.dtype", m.dtype, DTYPES)
+    _choice(problems, "kv.scheme", cfg.kv.scheme, KV_SCHEMES)
+    _choice(problems, "draft.kind", cfg.draft.kind, DRAFTS)
+    _choice(problems, "batch.mode", cfg.batch.mode, BATCH_MODES)
+    _choice(problems, "cache.kind", cfg.cache.kind, CACHES)
+    _choice(problems, "machine.backend", mach.backend, BACKENDS)
+    if cfg.batch.prefill_chunk < 1:
+        problems.append(f"batch.prefill_chunk={cfg.batch.prefill_chunk} must be >= 1")
+    if not 0 < srv.port < 65536:
+        problems.append(f"server.port={srv.port} must be in 1..65535")
+    if srv.default_max_tokens < 1:
+        problems.append(f"server.default_max_tokens={srv.default_max_tokens} must be >= 1")
+    if srv.max_context is not None and srv.max_context < 2:
+        problems.append(f"server.max_context={srv.max_context} must be >= 2")
+    if not 0 <= mach.headroom_fraction < 1:
+        problems.append(f"machine.headroom_fraction={mach.headroom_fraction} must be in [0, 1)")
+
+    info = None
+    path, model_id = _locate_model(m, problems) if m.source in SOURCES else (None, "")
+    if path is not None:
+        try:
+            info = inspect_model(path)
+        except PlanError as e:
+            problems += e.problems
+
+    here = detect()
+    if mach.backend not in ("auto", here.backend) and mach.backend in BACKENDS:
+        problems.append(f"machine.backend={mach.backend!r} but MLX here runs on {here.backend!r}; "
+                        f"valid choices on this machine: auto, {here.backend}")
+    if mach.chip and mach.chip != here.chip:
+        notes.append(f"machine facts come from profile {mach.name!r} ({mach.chip}); "
+                     f"MLX actually runs on {here.backend} ({here.chip})")
+    if problems or info is None:
+        raise PlanError(problems or ["model: could not be inspected"])
+
+    dtype = info.checkpoint_dtype if m.dtype == "auto" else m.dtype
+    max_ctx = srv.max_context or info.max_position_embeddings or 4096
+    if info.max_position_embeddings and max_ctx > info.max_position_embeddings:
+        notes.append(f"server.max_context={max_ctx} exceeds the model's trained positions "
+                     f"({info.max_position_embeddings}); quality may degrade past them")
+    model = ModelPlan(
+        source=m.source, id=model_id, path=str(path if m.source != "hf" else m.repo),
+        revision=m.revision, architecture=info.architecture, layer_kinds=info.layer_kinds,
+        sliding_window=info.sliding_window, vocab_size=info.vocab_size,
+        hidden_size=info.hidden_size, num_kv_heads=info.num_kv_heads, head_dim=info.head_dim,
+        max_position_embeddings=info.max_position_embeddings, parameters=info.parameters,
+        checkpoint_dtype=info.checkpoint_dtype, dtype=dtype, quantization=info.quantization,
+        weight_bytes_on_disk=info.weight_bytes, weight_bytes=_weights_resident(info, dtype),
+        config_sha256=info.config_sha256,
+    )
+
+    full_layers = sum(k == "full" for k in info.layer_kinds)
+    per_tok = 2 * full_layers * (info.num_kv_heads or 0) * (info.head_dim or 0) * COMPUTE_BYTES[dtype]
+    kv = KVPlan(scheme=cfg.kv.scheme, dtype=dtype, bytes_per_token=per_tok)
+
+    memory = int(mach.memory_gb * GiB) if mach.memory_gb else here.memory_bytes
+    headroom = max(int(mach.headroom_gb * GiB), int(mach.headroom_fraction * memory))
+    machine = MachinePlan(
+        name=mach.name, backend=here.backend, chip=mach.chip or here.chip, memory_bytes=memory,
+        gpu_cores=mach.gpu_cores, bandwidth_gbs=mach.bandwidth_gbs, headroom_bytes=headroom,
+        blas=_blas.ACTIVE if here.backend == "cpu" else "n/a",
+    )
+    usable = memory - headroom
+    kv_budget = usable - model.weight_bytes
+    mem = MemoryPlan(usable_bytes=usable, weights_bytes=model.weight_bytes,
+                     kv_budget_bytes=kv_budget, kv_bytes_at_max_context=per_tok * max_ctx)
+    if kv_budget <= 0:
+        problems.append(f"weights need {model.weight_bytes / GiB:.2f} GiB but only "
+                        f"{usable / GiB:.2f} GiB is usable on {machine.name} "
+                        f"(memory {memory / GiB:.1f} GiB - headroom {headroom / GiB:.1f} GiB); "
+                        "pick a smaller or quantized model, or lower machine.headroom_gb")
+    elif mem.kv_bytes_at_max_context > kv_budget:
+        problems.append(f"server.max_context={max_ctx} needs {mem.kv_bytes_at_max_context / GiB:.2f}"
+                        f" GiB of KV but only {kv_budget / GiB:.2f} GiB is left after the weights; "
+                        "lower server.max_context")
+    if problems:
+        raise PlanError(problems)
+
+    server = ServerPlan(host=srv.host, port=srv.port, max_context=max_ctx,
+                        default_max_tokens=srv.default_max_tokens,
+                        default_temperature=srv.default_temperature,
+                        default_top_p=srv.default_top_p, log_level=srv.log_level)
+    draft = DraftPlan(kind=cfg.draft.kind)
+    return ExecutionPlan(
+        model=model, kv=kv, draft=draft,
+        batch=BatchPlan(mode=cfg.batch.mode, max_rows=1, prefill_chunk=cfg.batch.prefill_chunk),
+        cache=CachePlan(kind=cfg.cache.kind), server=server, machine=machine, memory=mem,
+        profiles=tuple(profiles), notes=tuple(notes),
+        fingerprint=fingerprint(model, kv, draft),
+    )
