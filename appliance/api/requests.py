@@ -18,6 +18,15 @@ from appliance.plan import ExecutionPlan
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+MAX_TOP_LOGPROBS = 20
+
+
+def _logprobs(name: str, value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise invalid(name, f"{value} is out of range [0, {MAX_TOP_LOGPROBS}]")
+    return value
+
+
 @dataclass(frozen=True)
 class Prepared:
     engine_request: GenerationRequest
@@ -51,8 +60,6 @@ def _sampling(body: _Sampling, plan: ExecutionPlan, vocab: int) -> SamplingParam
         raise invalid("top_k", f"{body.top_k} must be >= 0")
     if body.n != 1:
         raise invalid("n", f"{body.n}: only n=1 is supported")
-    if body.logprobs not in (None, False) or body.top_logprobs:
-        raise invalid("logprobs", "log probabilities are not supported yet")
     bias = None
     if body.logit_bias:
         bias = {}
@@ -129,7 +136,10 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
     else:
         name, requested = "max_tokens", body.max_tokens
     max_tokens = _max_tokens(requested, len(ids), plan, name)
-    return Prepared(GenerationRequest(ids, max_tokens, sampling), _stops(body.stop),
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs", "requires logprobs=true")
+    k = _logprobs("top_logprobs", body.top_logprobs or 0) if body.logprobs else None
+    return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=k), _stops(body.stop),
                     bool((body.stream_options or {}).get("include_usage")))
 
 
@@ -145,5 +155,6 @@ def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) 
             raise invalid("prompt", f"token ids must be in [0, {plan.model.vocab_size})")
         ids = list(body.prompt)
     max_tokens = _max_tokens(body.max_tokens, len(ids), plan, "max_tokens")
-    return Prepared(GenerationRequest(ids, max_tokens, sampling), _stops(body.stop),
+    k = _logprobs("logprobs", body.logprobs)
+    return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=k), _stops(body.stop),
                     bool((body.stream_options or {}).get("include_usage")))

@@ -1,35 +1,24 @@
-"""The OpenAI-compatible endpoints, plus /v1/plan and /health."""
+"""The OpenAI-compatible endpoints, plus /v1/plan, /stats and /health."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 from litestar import Request, get, post
 from litestar.datastructures import State
+from litestar.params import JSONBody
 from litestar.response import Response, Stream
 
+from appliance.api import wire
 from appliance.api.errors import APIError
 from appliance.api.requests import Prepared, prepare_chat, prepare_completion
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
-from appliance.api.textgen import Done, generate_text
+from appliance.api.textgen import Done, Piece, generate_text
 
-
-def _usage(done: Done) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
-
-
-def _envelope(state: State, kind: str, rid: str, created: int) -> dict:
-    return {"id": rid, "object": kind, "created": created, "model": state.plan.model.id,
-            "system_fingerprint": state.plan.fingerprint}
-
-
-def _sse(obj) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def _watch_disconnect(request: Request) -> None:
@@ -39,95 +28,90 @@ async def _watch_disconnect(request: Request) -> None:
         pass
 
 
-async def _complete(request: Request, state: State, prep: Prepared) -> tuple[str, Done]:
-    """Run a non-streaming request to the end; cancel it if the client disconnects."""
-    parts: list[str] = []
-
-    async def collect() -> Done:
-        async for item in generate_text(state.engine, state.tokenizer, prep.engine_request,
-                                        prep.stop):
-            if isinstance(item, Done):
-                return item
-            parts.append(item)
-        raise RuntimeError("generation ended without a result")
-
-    work = asyncio.ensure_future(collect())
+async def _unless_disconnected(request: Request, gen, awaitable):
+    """Await `awaitable`; if the client goes away first, close `gen` (cancelling the
+    engine request) and give up."""
+    work = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(_watch_disconnect(request))
     try:
         await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-    if not work.done():  # disconnected: closing the generator cancels the engine request
+    if not work.done():
         work.cancel()
+        await gen.aclose()
         raise asyncio.CancelledError
-    done = work.result()
+    return work.result()
+
+
+async def _complete(request: Request, state: State, prep: Prepared) -> tuple[list[Piece], Done]:
+    """Run a non-streaming request to the end."""
+    pieces: list[Piece] = []
+    gen = generate_text(state.engine, state.tokenizer, prep.engine_request, prep.stop)
+
+    async def collect() -> Done:
+        async for item in gen:
+            if isinstance(item, Done):
+                return item
+            pieces.append(item)
+        raise RuntimeError("generation ended without a result")
+
+    done = await _unless_disconnected(request, gen, collect())
     if done.error:
         raise APIError(500, f"generation failed: {done.error}", code="generation_error")
-    return "".join(parts), done
+    return pieces, done
 
 
-async def _stream(state: State, prep: Prepared, chunk, rid: str, created: int,
-                  kind: str) -> AsyncIterator[bytes]:
-    """SSE frames; the generator is closed by Litestar when the client disconnects."""
-    env = _envelope(state, kind, rid, created)
-    first = chunk(None, None, first=True)
-    if first is not None:
-        yield _sse({**env, "choices": [first]})
-    async for item in generate_text(state.engine, state.tokenizer, prep.engine_request,
-                                    prep.stop):
-        if isinstance(item, Done):
-            if item.error:
-                yield _sse(APIError(500, f"generation failed: {item.error}").body())
-                break
-            yield _sse({**env, "choices": [chunk(None, item.finish_reason)]})
-            if prep.include_usage:
-                yield _sse({**env, "choices": [], "usage": _usage(item)})
-        else:
-            yield _sse({**env, "choices": [chunk(item, None)]})
-    yield b"data: [DONE]\n\n"
+async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: bool):
+    rid, created = f"{fmt.id_prefix}{uuid.uuid4().hex[:24]}", int(time.time())
+    if not stream:
+        pieces, done = await _complete(request, state, prep)
+        return Response({**wire.envelope(state.plan, fmt.kind, rid, created),
+                         "choices": [fmt.choice("".join(p.text for p in pieces), pieces,
+                                                done.finish_reason)],
+                         "usage": wire.usage(done)})
+    gen = generate_text(state.engine, state.tokenizer, prep.engine_request, prep.stop)
+    # Refusals (400/429) must be HTTP errors, not a broken stream: wait for the first piece.
+    first = await _unless_disconnected(request, gen, gen.__anext__())
 
+    async def frames() -> AsyncIterator[bytes]:
+        env = wire.envelope(state.plan, fmt.chunk_kind, rid, created)
+        if (c := fmt.first_chunk()) is not None:
+            yield wire.sse({**env, "choices": [c]})
+        item = first
+        try:
+            while True:
+                if isinstance(item, Done):
+                    if item.error:
+                        yield wire.sse(APIError(500, f"generation failed: {item.error}").body())
+                        break
+                    yield wire.sse({**env, "choices": [fmt.chunk(None, item.finish_reason)]})
+                    if prep.include_usage:
+                        yield wire.sse({**env, "choices": [], "usage": wire.usage(item)})
+                    break
+                yield wire.sse({**env, "choices": [fmt.chunk(item, None)]})
+                item = await gen.__anext__()
+        finally:
+            await gen.aclose()  # client gone: cancels the engine request
+        yield b"data: [DONE]\n\n"
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return Stream(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, state: State,
-                           data: ChatCompletionRequest) -> Response | Stream:
+                           data: JSONBody[ChatCompletionRequest]) -> Response | Stream:
     prep = prepare_chat(data, state.plan, state.tokenizer)
-    rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    if data.stream:
-        def chunk(text, finish, first=False):
-            delta = {"role": "assistant", "content": ""} if first else (
-                {"content": text} if text is not None else {})
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-
-        return Stream(_stream(state, prep, chunk, rid, created, "chat.completion.chunk"),
-                      media_type="text/event-stream", headers=SSE_HEADERS)
-    text, done = await _complete(request, state, prep)
-    return Response({**_envelope(state, "chat.completion", rid, created),
-                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": done.finish_reason}],
-                     "usage": _usage(done)})
+    fmt = wire.Chat(state.tokenizer, prep.engine_request.logprobs is not None)
+    return await _respond(request, state, prep, fmt, data.stream)
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request, state: State,
-                      data: CompletionRequest) -> Response | Stream:
+                      data: JSONBody[CompletionRequest]) -> Response | Stream:
     prep = prepare_completion(data, state.plan, state.tokenizer)
-    rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    if data.stream:
-        def chunk(text, finish, first=False):
-            if first:
-                return None
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
-        return Stream(_stream(state, prep, chunk, rid, created, "text_completion"),
-                      media_type="text/event-stream", headers=SSE_HEADERS)
-    text, done = await _complete(request, state, prep)
-    return Response({**_envelope(state, "text_completion", rid, created),
-                     "choices": [{"index": 0, "text": text, "logprobs": None,
-                                  "finish_reason": done.finish_reason}],
-                     "usage": _usage(done)})
+    fmt = wire.Completion(state.tokenizer, prep.engine_request.logprobs is not None)
+    return await _respond(request, state, prep, fmt, data.stream)
 
 
 @get("/v1/models")
@@ -141,9 +125,14 @@ async def plan(state: State) -> dict:
     return state.plan.to_dict()
 
 
+@get("/stats")
+async def stats(state: State) -> dict:
+    return {"fingerprint": state.plan.fingerprint, **state.engine.stats()}
+
+
 @get("/health")
 async def health(state: State) -> dict:
     return {"status": "ok", "model": state.plan.model.id, "fingerprint": state.plan.fingerprint}
 
 
-ROUTES = [chat_completions, completions, models, plan, health]
+ROUTES = [chat_completions, completions, models, plan, stats, health]

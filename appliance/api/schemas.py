@@ -28,8 +28,6 @@ class _Sampling(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
     user: str | None = None
 
 
@@ -47,9 +45,12 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # 0..20, needs logprobs=true
 
 
 class CompletionRequest(_Sampling, kw_only=True):
     prompt: str | list[int]
     echo: bool = False
     suffix: str | None = None
+    logprobs: int | None = None  # 0..20: the chosen token's log-probability and the top k

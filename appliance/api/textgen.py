@@ -2,7 +2,9 @@
 
 Stop sequences are matched on text (as OpenAI documents), not on token ids:
 text that could be the start of a stop sequence is held back until it is
-known not to be one, and a match cancels the engine request at once.
+known not to be one, and a match cancels the engine request at once. Each
+released `Piece` carries the tokens consumed since the previous one, so
+log-probabilities stay aligned with the text they produced.
 """
 
 from __future__ import annotations
@@ -10,7 +12,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from appliance.engine import Engine, Finished, FinishReason, GenerationRequest
+from appliance.api.errors import APIError
+from appliance.engine import Engine, Finished, FinishReason, GenerationRequest, Rejected, Token
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    tokens: tuple[Token, ...]
 
 
 @dataclass(frozen=True)
@@ -32,12 +41,23 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     return best
 
 
+def submit(engine: Engine, request: GenerationRequest):
+    """engine.submit, with its refusals turned into HTTP errors (400 / 429 + Retry-After)."""
+    try:
+        return engine.submit(request)
+    except Rejected as e:
+        headers = {"Retry-After": str(e.retry_after)} if e.retry_after else None
+        code = "kv_budget_exceeded" if e.status == 400 else "queue_full"
+        raise APIError(e.status, e.message, param="max_tokens" if e.status == 400 else None,
+                       code=code, headers=headers) from e
+
+
 async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
-                        stops: tuple[str, ...]) -> AsyncIterator[str | Done]:
-    """Yield text deltas, then one Done. Cancels the engine request if abandoned."""
-    handle = engine.submit(request)
+                        stops: tuple[str, ...]) -> AsyncIterator[Piece | Done]:
+    """Yield text pieces, then one Done. Cancels the engine request if abandoned."""
+    handle = submit(engine, request)
     detok = tokenizer.detokenizer
-    pending = ""  # text decoded but not yet released
+    pending, toks = "", []  # text decoded but not yet released, and its tokens
     stopped = False
     used = 0  # tokens that made it into the text (in-flight ones after a stop do not count)
     try:
@@ -46,27 +66,26 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
                 if not stopped:
                     detok.finalize()
                     pending += detok.last_segment
-                    if pending:
-                        yield pending
+                    if pending or toks:
+                        yield Piece(pending, tuple(toks))
                 reason = "length" if event.reason == FinishReason.LENGTH else "stop"
                 yield Done(reason, event.prompt_tokens, used, event.error)
                 return
             if stopped:
                 continue  # tokens already in flight when we cancelled
             used += 1
+            toks.append(event)
             detok.add_token(event.id)
             pending += detok.last_segment
             hits = [i for s in stops if (i := pending.find(s)) >= 0]
             if hits:
                 stopped = True
                 handle.cancel()
-                if cut := pending[: min(hits)]:
-                    yield cut
-                pending = ""
+                yield Piece(pending[: min(hits)], tuple(toks))
                 continue
             keep = _held_back(pending, stops)
             if len(pending) > keep:
-                yield pending[: len(pending) - keep]
-                pending = pending[len(pending) - keep:]
+                yield Piece(pending[: len(pending) - keep], tuple(toks))
+                pending, toks = pending[len(pending) - keep:], []
     finally:
-        handle.cancel()  # client gone or generator closed: stop at the next token
+        handle.cancel()  # client gone or generator closed: stop at the next step

@@ -42,8 +42,11 @@ class DraftConfig:
 class BatchConfig:
     """How requests share the engine."""
 
-    mode: str = "serial"  # serial: strictly one request at a time
-    prefill_chunk: int = 2048  # prompt tokens per forward pass during prefill
+    mode: str = "continuous"  # continuous: rows decode together | serial: one at a time
+    max_rows: int = 8  # rows decoded together (serial: 1)
+    prefill_chunk: int = 512  # prompt tokens per forward pass; running rows stall <= one chunk
+    kv_budget: str = "auto"  # bytes for live KV: auto (from the machine) or a size, e.g. 4GiB
+    max_queue: int = 64  # requests waiting for a row before new ones get 429
 
 
 @dataclass

@@ -6,9 +6,10 @@ from appliance.engine.types import (
     Finished,
     FinishReason,
     GenerationRequest,
+    Rejected,
     SamplingParams,
     Token,
 )
 
-__all__ = ["Engine", "Finished", "FinishReason", "GenerationRequest", "RequestHandle",
-           "SamplingParams", "Token", "build_engine"]
+__all__ = ["Engine", "Finished", "FinishReason", "GenerationRequest", "Rejected",
+           "RequestHandle", "SamplingParams", "Token", "build_engine"]

@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+from appliance.engine.budget import Budget, KVShape
 from appliance.engine.engine import Engine
 from appliance.plan import ExecutionPlan
 
 
+def _recurrent_bytes(model) -> int:
+    """Constant per-row state of recurrent layers, measured once on a 1-token forward."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    if not any(isinstance(c, ArraysCache) for c in cache):
+        return 0
+    model(mx.array([[0]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return sum(c.nbytes for c in cache if isinstance(c, ArraysCache))
+
+
 def build_engine(plan: ExecutionPlan) -> Engine:
-    if plan.batch.mode != "serial":  # resolve() refuses these; this guards direct callers
-        raise ValueError(f"batch.mode={plan.batch.mode!r} has no engine yet")
-    m = plan.model
-    return Engine(m.path, m.dtype, m.revision, plan.batch.prefill_chunk).start()
+    from appliance.engine import runner
+
+    m, b = plan.model, plan.batch
+    budget = Budget(b.kv_budget_bytes, KVShape(
+        full_per_token=plan.kv.bytes_per_token,
+        sliding_per_token=plan.kv.sliding_bytes_per_token,
+        window=m.sliding_window or 0, recurrent=0))
+
+    def load():
+        return runner.load(m.path, m.dtype, m.revision)
+
+    def make_scheduler(model, eos_ids, stream):
+        budget.shape = KVShape(**{**budget.shape.__dict__, "recurrent": _recurrent_bytes(model)})
+        if b.mode == "serial":
+            from appliance.engine.serial import SerialScheduler
+
+            return SerialScheduler(model, eos_ids, b.prefill_chunk)
+        from appliance.engine.continuous import ContinuousScheduler
+
+        return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget, stream)
+
+    return Engine(load, make_scheduler, mode=b.mode, max_rows=b.max_rows,
+                  max_queue=b.max_queue, budget=budget).start()

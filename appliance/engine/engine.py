@@ -3,7 +3,7 @@
 MLX streams are thread-local (servers that touched MLX from request threads
 crashed: mlx-lm issue 1181), so the model is loaded, run and freed on the
 engine thread only. Handlers get a `RequestHandle`: an async iterator of
-`Token` / `Finished` events, and `cancel()`, honoured at the next token.
+`Token` / `Finished` events, and `cancel()`, honoured at the next step.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import itertools
 import logging
 import queue
 import threading
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 
-from appliance.engine.types import Event, Finished, FinishReason, GenerationRequest, Token
+from appliance.engine.budget import Budget
+from appliance.engine.scheduler import Scheduler
+from appliance.engine.types import Event, Finished, GenerationRequest, Rejected
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class RequestHandle:
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
-        """Stop generating at the next token; the engine then emits Finished(CANCELLED)."""
+        """Stop generating at the next step; the engine then emits Finished(CANCELLED)."""
         self._cancelled.set()
 
     @property
@@ -52,33 +52,27 @@ class RequestHandle:
                 return
 
 
-@dataclass
-class EngineStats:
-    """Run-time measurements (the plan stays immutable)."""
-
-    submitted: int = 0
-    finished: int = 0
-    running: int = 0
-    tokens_generated: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-
-
 class Engine:
-    """Serial engine: requests run one at a time, in arrival order."""
+    """Runs a scheduler on its own thread.
 
-    def __init__(self, path: str, dtype: str, revision: str | None, prefill_chunk: int):
-        self._path, self._dtype, self._revision = path, dtype, revision
-        self.prefill_chunk = prefill_chunk
-        self.stats = EngineStats()
-        self._queue: queue.Queue[RequestHandle | None] = queue.Queue()
+    `make_scheduler(model, tokenizer, stream)` is called on the engine thread
+    after `load()`; `budget` (optional) lets `submit` refuse a request that
+    could never fit, and `max_queue` bounds the requests waiting for a row.
+    """
+
+    def __init__(self, load: Callable[[], tuple], make_scheduler: Callable[..., Scheduler],
+                 mode: str, max_rows: int, max_queue: int, budget: Budget | None = None):
+        self._load, self._make_scheduler = load, make_scheduler
+        self.mode, self.max_rows, self.max_queue, self.budget = mode, max_rows, max_queue, budget
+        self.scheduler: Scheduler | None = None
+        self.model = self.tokenizer = None
+        self.eos_ids: set[int] = set()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
-        self._stopping = False
-        self.model = self.tokenizer = None
-        self.eos_ids: set[int] = set()
+        self._queued = 0  # submitted, not yet handed to the scheduler
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> Engine:
@@ -91,75 +85,88 @@ class Engine:
         return self
 
     def stop(self) -> None:
-        """Cancel running and queued work at the next token, then join the thread."""
+        """Cancel running and queued work, then join the thread."""
         if self._thread is None:
             return
-        self._stopping = True
         self._queue.put(None)
         self._thread.join()
         self._thread = None
 
-    # -- submitting (any thread with an asyncio loop) -------------------------
+    # -- submitting (from any thread running an asyncio loop) ----------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request, or raise Rejected (400: can never fit; 429: queue full)."""
+        if self.budget is not None and not self.budget.fits_alone(len(request.prompt),
+                                                                  request.max_tokens):
+            need = self.budget.cost(len(request.prompt), request.max_tokens)
+            raise Rejected(400, f"this request needs {need:,} bytes of KV cache (prompt "
+                                f"{len(request.prompt)} + max_tokens {request.max_tokens} "
+                                f"tokens) but batch.kv_budget is {self.budget.budget:,} bytes; "
+                                "lower max_tokens or shorten the prompt")
+        if self.pending() >= self.max_queue:
+            raise Rejected(429, f"the queue is full ({self.max_queue} requests waiting; "
+                                "batch.max_queue); retry shortly", retry_after=1)
         handle = RequestHandle(request, asyncio.get_running_loop(), next(self._ids))
-        self.stats.submitted += 1
+        self._queued += 1
         self._queue.put(handle)
         return handle
+
+    def pending(self) -> int:
+        """Requests waiting for a row (queued here or in the scheduler)."""
+        s = self.scheduler
+        return self._queued + (s.pending_rows() if s is not None else 0)
+
+    def stats(self) -> dict:
+        s = self.scheduler
+        c = s.counters
+        return {
+            "mode": self.mode, "max_rows": self.max_rows, "max_queue": self.max_queue,
+            "active_rows": s.active_rows(), "pending_rows": self.pending(),
+            "submitted_rows": c.submitted + self._queued, "finished_rows": c.finished,
+            "kv_bytes": c.kv_bytes,
+            "kv_reserved_bytes": self.budget.reserved if self.budget else None,
+            "kv_budget_bytes": self.budget.budget if self.budget else None,
+            "tokens_generated": c.tokens_generated,
+            "prefill_seconds": round(c.prefill_seconds, 6),
+            "decode_seconds": round(c.decode_seconds, 6),
+        }
 
     # -- the engine thread -----------------------------------------------------
     def _main(self) -> None:
         import mlx.core as mx
 
-        from appliance.engine import runner
-
         try:
             stream = mx.new_stream(mx.default_device())
             with mx.stream(stream):
-                self.model, self.tokenizer = runner.load(self._path, self._dtype, self._revision)
+                self.model, self.tokenizer = self._load()
                 self.eos_ids = set(self.tokenizer.eos_token_ids)
+                self.scheduler = self._make_scheduler(self.model, self.eos_ids, stream)
         except BaseException as e:  # reported by start()
             self._load_error = e
             self._ready.set()
             return
         self._ready.set()
         with mx.stream(stream):
-            while (handle := self._queue.get()) is not None:
-                self._run(handle)
-        while not self._queue.empty():  # shut down: whatever came after the sentinel
+            self._loop()
+
+    def _loop(self) -> None:
+        """New requests join between steps; block only when there is nothing to run."""
+        s = self.scheduler
+        while True:
+            items = [] if s.has_work() else [self._queue.get()]
+            while not self._queue.empty():
+                items.append(self._queue.get())
+            for h in items:
+                if h is None:
+                    s.abort_all()
+                    return self._refuse_rest()
+                self._queued -= 1
+                s.add(h)
+            s.step()
+
+    def _refuse_rest(self) -> None:
+        from appliance.engine.scheduler import finish
+        from appliance.engine.types import FinishReason
+
+        while not self._queue.empty():
             if (h := self._queue.get()) is not None:
-                h.deliver(Finished(FinishReason.CANCELLED, len(h.request.prompt), 0))
-
-    def _run(self, handle: RequestHandle) -> None:
-        from appliance.engine.runner import generate
-
-        req, n, reason, error = handle.request, 0, FinishReason.LENGTH, None
-        if self._stopping:
-            handle.deliver(Finished(FinishReason.CANCELLED, len(req.prompt), 0))
-            return
-        self.stats.running = 1
-        start = time.perf_counter()
-        first = None
-        try:
-            for tok in generate(self.model, req.prompt, req.max_tokens, req.sampling,
-                                self.prefill_chunk):
-                if first is None:
-                    first = time.perf_counter()
-                if handle.cancelled or self._stopping:
-                    reason = FinishReason.CANCELLED
-                    break
-                if tok in self.eos_ids:
-                    reason = FinishReason.STOP
-                    break
-                n += 1
-                handle.deliver(Token(tok))
-        except Exception as e:  # a failed forward fails this request, not the engine
-            log.exception("generation failed for request %d", handle.id)
-            reason, error = FinishReason.ERROR, f"{type(e).__name__}: {e}"
-        end = time.perf_counter()
-        first = first or end
-        self.stats.prefill_seconds += first - start
-        self.stats.decode_seconds += end - first
-        self.stats.tokens_generated += n
-        self.stats.finished += 1
-        self.stats.running = 0
-        handle.deliver(Finished(reason, len(req.prompt), n, error))
+                finish(h, FinishReason.CANCELLED, 0)

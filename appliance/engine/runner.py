@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from appliance.engine.sampling import make_processors, make_sampler
 from appliance.engine.types import SamplingParams
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -24,33 +25,19 @@ def load(path: str, dtype: str, revision: str | None = None):
     return model, tokenizer
 
 
-def make_sampler(s: SamplingParams):
-    """mlx-lm's own sampler and processors, so outputs match mlx-lm token for token."""
-    from mlx_lm.sample_utils import make_logits_processors
-    from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
-
-    sampler = mlx_make_sampler(temp=s.temperature, top_p=s.top_p,
-                               min_p=s.min_p, top_k=s.top_k)
-    processors = make_logits_processors(
-        logit_bias=s.logit_bias, repetition_penalty=s.repetition_penalty,
-        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
-    return sampler, processors
-
-
 def generate(model, prompt: list[int], max_tokens: int, sampling: SamplingParams,
-             prefill_chunk: int) -> Iterator[int]:
-    """Token ids for one request, computed as mlx_lm.generate.generate_step does.
+             prefill_chunk: int) -> Iterator[tuple[int, mx.array]]:
+    """(token id, log-probabilities) for one request, as mlx_lm's generate_step computes them.
 
     Same prefill chunking (all but the last prompt token, `prefill_chunk` at a
     time), same sampler and processor calls in the same order, and the same
     one-step pipelining (step t+1 is queued before token t is read), so the
-    tokens are identical to mlx-lm's for the same settings and seed.
+    tokens are identical to mlx-lm's for the same settings and seed (a seeded
+    row's private key stream equals mlx-lm's `mx.random.seed` stream).
     """
     from mlx_lm.models.cache import make_prompt_cache
 
-    if sampling.seed is not None:
-        mx.random.seed(sampling.seed)
-    sampler, processors = make_sampler(sampling)
+    sampler, processors = make_sampler(sampling), make_processors(sampling)
     cache = make_prompt_cache(model)
     seen = None  # tokens the processors look back over
 
@@ -80,7 +67,7 @@ def generate(model, prompt: list[int], max_tokens: int, sampling: SamplingParams
         if n + 1 < max_tokens:  # queue the next step before reading this token
             next_y, next_logprobs = step(y)
             mx.async_eval(next_y, next_logprobs)
-        yield y.item()
+        yield y.item(), logprobs
         if n % 256 == 0:
             mx.clear_cache()
         if n + 1 < max_tokens:

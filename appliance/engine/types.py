@@ -26,6 +26,15 @@ class GenerationRequest:
     prompt: list[int]
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    logprobs: int | None = None  # None: none; 0: the chosen token's; k: also the top k
+
+
+class Rejected(Exception):
+    """The engine will not take this request; `status` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.retry_after = status, message, retry_after
 
 
 class FinishReason(str, enum.Enum):
@@ -40,6 +49,8 @@ class Token:
     """One generated token id (end-of-sequence tokens are never delivered)."""
 
     id: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] | None = None  # (id, logprob), best first
 
 
 @dataclass(frozen=True)

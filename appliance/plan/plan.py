@@ -39,6 +39,7 @@ class KVPlan:
     scheme: str
     dtype: str
     bytes_per_token: int  # all growing (full-attention) layers, K and V
+    sliding_bytes_per_token: int  # sliding layers, up to sliding_window tokens
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,12 @@ class DraftPlan:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    mode: str  # serial
+    mode: str  # continuous | serial
     max_rows: int  # rows decoded together (1 for serial)
-    prefill_chunk: int
+    prefill_chunk: int  # prompt tokens per prefill pass (a running row stalls <= one chunk)
+    kv_budget_bytes: int  # live KV of all rows together; admission keeps within it
+    max_queue: int  # waiting requests before 429
+    placement: dict[str, str]  # per layer kind present: how its rows are held
 
 
 @dataclass(frozen=True)

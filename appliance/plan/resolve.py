@@ -24,6 +24,7 @@ from appliance.plan.plan import (
     ServerPlan,
     fingerprint,
 )
+from appliance.plan.sizes import parse_size
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "embedded" / "tiny"
 
@@ -32,7 +33,13 @@ SOURCES = ("tiny", "local", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_SCHEMES = ("native",)
 DRAFTS = ("none",)
-BATCH_MODES = ("serial",)
+BATCH_MODES = ("continuous", "serial")
+# How each layer kind's rows are held when batched (mlx-lm's batch cache classes).
+PLACEMENT = {
+    "full": "BatchKVCache: rows left-padded to a shared length, decoded together",
+    "sliding": "BatchRotatingKVCache: each row keeps its last sliding_window tokens",
+    "recurrent": "ArraysCache: constant-size state per row, merged along the batch",
+}
 CACHES = ("none",)
 BACKENDS = ("auto", "metal", "cuda", "cpu")
 
@@ -92,8 +99,22 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     _choice(problems, "batch.mode", cfg.batch.mode, BATCH_MODES)
     _choice(problems, "cache.kind", cfg.cache.kind, CACHES)
     _choice(problems, "machine.backend", mach.backend, BACKENDS)
-    if cfg.batch.prefill_chunk < 1:
-        problems.append(f"batch.prefill_chunk={cfg.batch.prefill_chunk} must be >= 1")
+    b = cfg.batch
+    if b.prefill_chunk < 1:
+        problems.append(f"batch.prefill_chunk={b.prefill_chunk} must be >= 1")
+    if b.max_rows < 1:
+        problems.append(f"batch.max_rows={b.max_rows} must be >= 1")
+    if b.mode == "serial" and b.max_rows != 1:
+        problems.append(f"batch.max_rows={b.max_rows} with batch=serial: serial runs one row "
+                        "at a time; use batch=continuous to decode rows together")
+    if b.max_queue < 0:
+        problems.append(f"batch.max_queue={b.max_queue} must be >= 0")
+    kv_budget = None
+    if b.kv_budget != "auto":
+        try:
+            kv_budget = parse_size(b.kv_budget)
+        except ValueError as e:
+            problems.append(f"batch.kv_budget: {e}")
     if not 0 < srv.port < 65536:
         problems.append(f"server.port={srv.port} must be in 1..65535")
     if srv.default_max_tokens < 1:
@@ -137,9 +158,10 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         config_sha256=info.config_sha256,
     )
 
-    full_layers = sum(k == "full" for k in info.layer_kinds)
-    per_tok = 2 * full_layers * (info.num_kv_heads or 0) * (info.head_dim or 0) * COMPUTE_BYTES[dtype]
-    kv = KVPlan(scheme=cfg.kv.scheme, dtype=dtype, bytes_per_token=per_tok)
+    kv_width = 2 * (info.num_kv_heads or 0) * (info.head_dim or 0) * COMPUTE_BYTES[dtype]
+    per_tok = info.layer_kinds.count("full") * kv_width
+    kv = KVPlan(scheme=cfg.kv.scheme, dtype=dtype, bytes_per_token=per_tok,
+                sliding_bytes_per_token=info.layer_kinds.count("sliding") * kv_width)
 
     memory = int(mach.memory_gb * GiB) if mach.memory_gb else here.memory_bytes
     headroom = max(int(mach.headroom_gb * GiB), int(mach.headroom_fraction * memory))
@@ -149,17 +171,21 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         blas=_blas.ACTIVE if here.backend == "cpu" else "n/a",
     )
     usable = memory - headroom
-    kv_budget = usable - model.weight_bytes
     mem = MemoryPlan(usable_bytes=usable, weights_bytes=model.weight_bytes,
-                     kv_budget_bytes=kv_budget, kv_bytes_at_max_context=per_tok * max_ctx)
-    if kv_budget <= 0:
+                     kv_budget_bytes=usable - model.weight_bytes,
+                     kv_bytes_at_max_context=per_tok * max_ctx)
+    if mem.kv_budget_bytes <= 0:
         problems.append(f"weights need {model.weight_bytes / GiB:.2f} GiB but only "
                         f"{usable / GiB:.2f} GiB is usable on {machine.name} "
                         f"(memory {memory / GiB:.1f} GiB - headroom {headroom / GiB:.1f} GiB); "
                         "pick a smaller or quantized model, or lower machine.headroom_gb")
-    elif mem.kv_bytes_at_max_context > kv_budget:
-        problems.append(f"server.max_context={max_ctx} needs {mem.kv_bytes_at_max_context / GiB:.2f}"
-                        f" GiB of KV but only {kv_budget / GiB:.2f} GiB is left after the weights; "
+    elif kv_budget is not None and kv_budget > mem.kv_budget_bytes:
+        problems.append(f"batch.kv_budget={b.kv_budget} is more than the {mem.kv_budget_bytes:,}"
+                        " bytes left after the weights and headroom; lower it or use auto")
+    elif mem.kv_bytes_at_max_context > mem.kv_budget_bytes:
+        need = mem.kv_bytes_at_max_context / GiB
+        problems.append(f"server.max_context={max_ctx} needs {need:.2f} GiB of KV but only "
+                        f"{mem.kv_budget_bytes / GiB:.2f} GiB is left after the weights; "
                         "lower server.max_context")
     if problems:
         raise PlanError(problems)
@@ -169,9 +195,18 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                         default_temperature=srv.default_temperature,
                         default_top_p=srv.default_top_p, log_level=srv.log_level)
     draft = DraftPlan(kind=cfg.draft.kind)
+    kinds = dict.fromkeys(info.layer_kinds)
+    unbatchable = [k for k in kinds if k not in PLACEMENT]
+    if b.mode == "continuous" and unbatchable:
+        raise PlanError([f"batch=continuous: layer kind(s) {unbatchable} of {info.architecture} "
+                         "cannot be batched; valid choices for this model: batch=serial"])
+    placement = ({k: PLACEMENT[k] for k in kinds} if b.mode == "continuous"
+                 else dict.fromkeys(kinds, "one row at a time"))
+    batch = BatchPlan(mode=b.mode, max_rows=b.max_rows, prefill_chunk=b.prefill_chunk,
+                      kv_budget_bytes=kv_budget or mem.kv_budget_bytes, max_queue=b.max_queue,
+                      placement=placement)
     return ExecutionPlan(
-        model=model, kv=kv, draft=draft,
-        batch=BatchPlan(mode=cfg.batch.mode, max_rows=1, prefill_chunk=cfg.batch.prefill_chunk),
+        model=model, kv=kv, draft=draft, batch=batch,
         cache=CachePlan(kind=cfg.cache.kind), server=server, machine=machine, memory=mem,
         profiles=tuple(profiles), notes=tuple(notes),
         fingerprint=fingerprint(model, kv, draft),

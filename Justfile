@@ -1,0 +1,25 @@
+# appliance: every recipe a person runs. `just --list` shows them.
+
+# serve the embedded model (pass overrides: just serve +profile=agent-fleet server.port=9000)
+serve *ARGS:
+    appliance {{ARGS}}
+
+# print the resolved execution plan
+plan *ARGS:
+    appliance mode=plan {{ARGS}}
+
+# run the test suite (the same command CI runs)
+test *ARGS:
+    pytest -q {{ARGS}}
+
+# lint and check formatting rules
+lint:
+    ruff check appliance tests
+
+# regenerate goldens/<backend>/ from mlx-lm directly (only when the model or versions change)
+goldens:
+    python -m appliance.oracle
+
+# retrain the embedded model (see docs/embedded-model.md)
+train-tiny *ARGS:
+    python -m appliance.embedded.train {{ARGS}}

@@ -1,0 +1,79 @@
+"""OpenAI wire shapes: response envelopes, chunks, usage and log-probabilities."""
+
+from __future__ import annotations
+
+import json
+
+from appliance.api.textgen import Done, Piece
+
+
+def envelope(plan, kind: str, rid: str, created: int) -> dict:
+    return {"id": rid, "object": kind, "created": created, "model": plan.model.id,
+            "system_fingerprint": plan.fingerprint}
+
+
+def usage(done: Done) -> dict:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens}
+
+
+def sse(obj) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+class Chat:
+    """chat.completion / chat.completion.chunk."""
+
+    kind, chunk_kind, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def __init__(self, tokenizer, want_logprobs: bool):
+        self.tok, self.want = tokenizer, want_logprobs
+
+    def _entry(self, tid: int, lp: float) -> dict:
+        text = self.tok.decode([tid])
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    def logprobs(self, pieces: list[Piece]) -> dict | None:
+        if not self.want:
+            return None
+        return {"content": [{**self._entry(t.id, t.logprob),
+                             "top_logprobs": [self._entry(i, v) for i, v in t.top]}
+                            for p in pieces for t in p.tokens]}
+
+    def first_chunk(self) -> dict | None:
+        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+
+    def chunk(self, piece: Piece | None, finish: str | None) -> dict:
+        return {"index": 0, "delta": {"content": piece.text} if piece else {},
+                "logprobs": self.logprobs([piece]) if piece else None, "finish_reason": finish}
+
+    def choice(self, text: str, pieces: list[Piece], finish: str) -> dict:
+        return {"index": 0, "message": {"role": "assistant", "content": text},
+                "logprobs": self.logprobs(pieces), "finish_reason": finish}
+
+
+class Completion(Chat):
+    """text_completion (same object name for chunks, as OpenAI does)."""
+
+    kind, chunk_kind, id_prefix = "text_completion", "text_completion", "cmpl-"
+
+    def logprobs(self, pieces: list[Piece]) -> dict | None:
+        if not self.want:
+            return None
+        toks = [t for p in pieces for t in p.tokens]
+        return {"tokens": [self.tok.decode([t.id]) for t in toks],
+                "token_logprobs": [t.logprob for t in toks],
+                "top_logprobs": [{self.tok.decode([i]): v for i, v in t.top} for t in toks],
+                "text_offset": None}
+
+    def first_chunk(self) -> dict | None:
+        return None
+
+    def chunk(self, piece: Piece | None, finish: str | None) -> dict:
+        return {"index": 0, "text": piece.text if piece else "",
+                "logprobs": self.logprobs([piece]) if piece else None, "finish_reason": finish}
+
+    def choice(self, text: str, pieces: list[Piece], finish: str) -> dict:
+        return {"index": 0, "text": text, "logprobs": self.logprobs(pieces),
+                "finish_reason": finish}

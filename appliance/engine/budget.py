@@ -1,0 +1,58 @@
+"""KV admission: each row's worst-case bytes must fit the budget with the running rows.
+
+Worst case = (prompt + max_tokens) tokens on growing (full-attention) layers,
+at most the window on sliding layers, and a constant for recurrent state.
+Pure bookkeeping (no MLX): exact, unit-tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """Bytes one row's KV costs, by layer kind."""
+
+    full_per_token: int
+    sliding_per_token: int
+    window: int  # tokens a sliding layer keeps (0: no sliding layers)
+    recurrent: int  # constant state bytes per row
+
+    def row_bytes(self, tokens: int) -> int:
+        return (self.full_per_token * tokens
+                + self.sliding_per_token * min(tokens, self.window)
+                + self.recurrent)
+
+
+class Budget:
+    """Admitted rows and the bytes reserved for them."""
+
+    def __init__(self, budget_bytes: int, shape: KVShape):
+        self.budget = budget_bytes
+        self.shape = shape
+        self._held: dict[int, int] = {}
+
+    @property
+    def reserved(self) -> int:
+        return sum(self._held.values())
+
+    def cost(self, prompt_tokens: int, max_tokens: int) -> int:
+        return self.shape.row_bytes(prompt_tokens + max_tokens)
+
+    def fits_alone(self, prompt_tokens: int, max_tokens: int) -> bool:
+        return self.cost(prompt_tokens, max_tokens) <= self.budget
+
+    def try_admit(self, rid: int, prompt_tokens: int, max_tokens: int) -> bool:
+        cost = self.cost(prompt_tokens, max_tokens)
+        if self.reserved + cost > self.budget:
+            return False
+        self._held[rid] = cost
+        return True
+
+    def release(self, rid: int) -> None:
+        self._held.pop(rid, None)
+
+    def check_integrity(self) -> None:
+        assert all(v > 0 for v in self._held.values()), "a row holds no bytes"
+        assert self.reserved <= self.budget, "reservations exceed the budget"

@@ -1,0 +1,66 @@
+"""Per-row samplers: mlx-lm's sampling chain, with a private random stream per seeded row.
+
+mlx-lm seeds the *global* generator (`mx.random.seed`), so in a batch a seed
+would be consumed by siblings too. A seeded row here owns its key and splits
+it exactly as MLX's global key sequence does (`key, sub = split(key)`), so a
+seeded row gives the same tokens as mlx-lm's serial `mx.random.seed(s)` run,
+whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    greedy_sampler,
+    make_logits_processors,
+)
+from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
+
+from appliance.engine.types import SamplingParams
+
+
+class SeededSampler:
+    """temperature / top_p / min_p / top_k sampling from this row's own key."""
+
+    def __init__(self, s: SamplingParams):
+        self.s = s
+        self.key = mx.random.key(s.seed)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        s = self.s
+        if 0 < s.top_p < 1.0:  # same order as mlx_lm.sample_utils.make_sampler
+            logprobs = apply_top_p(logprobs, s.top_p)
+        if s.min_p != 0.0:
+            logprobs = apply_min_p(logprobs, s.min_p, 1)
+        if s.top_k > 0:
+            logprobs = apply_top_k(logprobs, s.top_k)
+        self.key, sub = mx.random.split(self.key)
+        return mx.random.categorical(logprobs * (1.0 / s.temperature), key=sub)
+
+
+def make_sampler(s: SamplingParams):
+    """Greedy rows share mlx-lm's greedy sampler (so a greedy batch samples in one call)."""
+    if s.temperature == 0:
+        return greedy_sampler
+    if s.seed is not None:
+        return SeededSampler(s)
+    return mlx_make_sampler(temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
+
+
+def make_processors(s: SamplingParams) -> list:
+    return make_logits_processors(
+        logit_bias=s.logit_bias, repetition_penalty=s.repetition_penalty,
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
+
+
+def top_logprobs(logprobs: mx.array, k: int) -> list[tuple[int, float]]:
+    """The k most likely tokens of one row's log-probabilities, best first."""
+    if k <= 0:
+        return []
+    idx = mx.argpartition(-logprobs, k - 1)[:k]
+    vals = logprobs[idx]
+    order = mx.argsort(-vals)
+    return list(zip(idx[order].tolist(), vals[order].tolist(), strict=True))

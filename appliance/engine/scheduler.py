@@ -1,0 +1,73 @@
+"""The scheduler interface the engine thread drives, and what every scheduler shares.
+
+A scheduler is single-threaded: the engine thread calls `add` for new
+requests and `step` in a loop while `has_work()`. Events reach submitters
+through `RequestHandle.deliver`; a handle whose delivery fails (its event
+loop is gone) is evicted alone, its siblings go on.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import mlx.core as mx
+
+from appliance.engine.sampling import top_logprobs
+from appliance.engine.types import Finished, FinishReason, Token
+
+if TYPE_CHECKING:
+    from appliance.engine.engine import RequestHandle
+
+
+class RowState(enum.Enum):
+    WAITING = "waiting"  # queued, no KV yet
+    PREFILL = "prefill"  # admitted, prompt being processed
+    DECODE = "decode"  # generating
+
+
+@dataclass
+class Counters:
+    """Run-time measurements of one scheduler (the plan stays immutable)."""
+
+    submitted: int = 0
+    finished: int = 0
+    tokens_generated: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    kv_bytes: int = 0  # KV held by live rows, refreshed every step
+
+
+class Scheduler(Protocol):
+    counters: Counters
+
+    def add(self, handle: RequestHandle) -> None: ...
+    def step(self) -> None: ...
+    def has_work(self) -> bool: ...
+    def active_rows(self) -> int: ...
+    def pending_rows(self) -> int: ...
+    def abort_all(self) -> None: ...
+    def check_integrity(self) -> None: ...
+
+
+def token_event(tok: int, logprobs: mx.array, want: int | None) -> Token:
+    """The Token event, with log-probabilities only when the request asked for them."""
+    if want is None:
+        return Token(tok)
+    return Token(tok, float(logprobs[tok].item()), tuple(top_logprobs(logprobs, want)))
+
+
+def safe_deliver(handle: RequestHandle, event) -> bool:
+    """Deliver; False when the submitter is gone (the caller then evicts the row)."""
+    try:
+        handle.deliver(event)
+        return True
+    except Exception:  # closed loop, dead consumer: this row only
+        handle.cancel()
+        return False
+
+
+def finish(handle: RequestHandle, reason: FinishReason, generated: int,
+           error: str | None = None) -> None:
+    safe_deliver(handle, Finished(reason, len(handle.request.prompt), generated, error))

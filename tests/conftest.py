@@ -1,0 +1,110 @@
+"""Shared fixtures: the embedded model's plan, one started engine, one real server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import appliance  # noqa: F401  (BLAS preload before mlx)
+import pytest
+
+from appliance.config.hydra_setup import conf_dir, setup
+
+
+def compose(overrides: list[str] | None = None):
+    """The DictConfig the CLI would build for these overrides (Hydra's compose API)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    setup()
+    with initialize_config_dir(str(conf_dir()), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides or [])
+
+
+def resolve_overrides(overrides: list[str] | None = None):
+    from appliance.cli import _profiles
+    from appliance.plan import resolve
+
+    overrides = overrides or []
+    return resolve(compose(overrides), profiles=_profiles(overrides))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def plan():
+    return resolve_overrides([f"server.port={free_port()}"])
+
+
+@pytest.fixture(scope="session")
+def engine(plan):
+    """The default engine (batch=continuous)."""
+    from appliance.engine import build_engine
+
+    eng = build_engine(plan)
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="session")
+def serial_engine():
+    from appliance.engine import build_engine
+
+    eng = build_engine(resolve_overrides(["batch=serial"]))
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(params=["continuous", "serial"])
+def any_engine(request):
+    """Each engine mode in turn: B=1 through either must equal the serial oracle."""
+    return request.getfixturevalue("engine" if request.param == "continuous" else "serial_engine")
+
+
+@pytest.fixture(scope="session")
+def server(plan, engine):
+    """The real app on a real socket (uvicorn in a thread). Yields the base URL."""
+    import uvicorn
+
+    from appliance.api import create_app
+
+    cfg = uvicorn.Config(create_app(plan, engine), host="127.0.0.1", port=plan.server.port,
+                         log_level="warning")
+    srv = uvicorn.Server(cfg)
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    deadline = time.time() + 30
+    while not srv.started:
+        assert time.time() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{plan.server.port}"
+    srv.should_exit = True
+    t.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
+def run_engine(engine, request):
+    """Submit one request and collect (token ids, Finished) from the engine."""
+    from appliance.engine import Finished
+
+    async def go():
+        handle = engine.submit(request)
+        toks = []
+        async for ev in handle:
+            if isinstance(ev, Finished):
+                return toks, ev
+            toks.append(ev.id)
+
+    return asyncio.run(go())

@@ -1,0 +1,148 @@
+"""The real app over a real socket, driven by the official openai client (and raw HTTP)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from appliance import oracle
+
+GOLDEN = json.loads(oracle.golden_path("tiny").read_text())
+CASES = {c["name"]: c for c in GOLDEN["cases"]}
+
+
+def _sampling(case):
+    s = dict(case.get("sampling", {}))
+    extra = {k: s.pop(k) for k in ("top_k", "min_p") if k in s}
+    return s, extra
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("stream", [False, True])
+def test_served_text_equals_the_oracle(client, plan, engine, name, stream):
+    case = CASES[name]
+    s, extra = _sampling(case)
+    kw = dict(model=plan.model.id, max_tokens=case["max_tokens"], stream=stream,
+              extra_body=extra or None, **s)
+    if case["kind"] == "chat":
+        call = lambda: client.chat.completions.create(messages=case["messages"], **kw)  # noqa
+    else:
+        call = lambda: client.completions.create(prompt=case["prompt"], **kw)  # noqa
+    want = engine.tokenizer.decode(case["tokens"])
+    finish = "length" if len(case["tokens"]) == case["max_tokens"] else "stop"
+    if not stream:
+        r = call()
+        choice = r.choices[0]
+        text = choice.message.content if case["kind"] == "chat" else choice.text
+        assert text == want
+        assert choice.finish_reason == finish
+        assert r.usage.prompt_tokens == len(case["prompt_ids"])
+        assert r.usage.completion_tokens == len(case["tokens"])
+        assert r.system_fingerprint == plan.fingerprint
+    else:
+        parts, finishes = [], []
+        for chunk in call():
+            assert chunk.system_fingerprint == plan.fingerprint
+            for c in chunk.choices:
+                parts.append((c.delta.content if case["kind"] == "chat" else c.text) or "")
+                finishes.append(c.finish_reason)
+        assert "".join(parts) == want
+        assert [f for f in finishes if f] == [finish]
+
+
+def test_stop_sequences_cut_the_text(client, plan, engine):
+    case = CASES["class-greedy"]
+    full = engine.tokenizer.decode(case["tokens"])
+    stop = full[5:8]  # somewhere inside the greedy continuation
+    for stream in (False, True):
+        r = client.completions.create(model=plan.model.id, prompt=case["prompt"],
+                                      max_tokens=case["max_tokens"], stop=[stop, "@@never@@"],
+                                      stream=stream)
+        if stream:
+            chunks = list(r)
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        else:
+            text, finish = r.choices[0].text, r.choices[0].finish_reason
+        assert text == full[: full.find(stop)]
+        assert finish == "stop"
+
+
+def test_stream_usage_when_asked(client, plan):
+    chunks = list(client.chat.completions.create(
+        model=plan.model.id, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+        stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == 5 and chunks[-1].choices == []
+
+
+def test_raw_sse_framing(server, plan):
+    body = {"model": plan.model.id, "prompt": "def ", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert all(ln.startswith("data: ") for ln in lines)
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_models_plan_health_openapi(client, server, plan):
+    assert [m.id for m in client.models.list().data] == [plan.model.id]
+    p = httpx.get(f"{server}/v1/plan").json()
+    assert p["fingerprint"] == plan.fingerprint
+    assert p["model"]["path"] == plan.model.path
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+    schema = httpx.get(f"{server}/schema/openapi.json").json()
+    assert "/v1/chat/completions" in schema["paths"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"max_tokens": "many"}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": 7}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"n": 2}, "n"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"stop": [""]}, "stop"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"max_tokens": 10**7}, "max_tokens"),
+])
+def test_invalid_requests_get_400_naming_the_field(server, plan, body, param):
+    req = {"model": plan.model.id, "messages": [{"role": "user", "content": "hi"}], **body}
+    r = httpx.post(f"{server}/v1/chat/completions", json=req, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+    assert param.split("[")[0] in err["message"]
+
+
+def test_malformed_json_and_unknown_model(server, client):
+    r = httpx.post(f"{server}/v1/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-9", prompt="x", max_tokens=2)
+    assert e.value.body["param"] == "model"
+
+
+def test_disconnect_cancels_generation(server, plan, engine):
+    before = engine.stats()["tokens_generated"]
+    no_eos = {str(t): -100 for t in engine.eos_ids}  # only a cancel can end it early
+    body = {"model": plan.model.id, "prompt": "def ", "max_tokens": 3000, "stream": True,
+            "logit_bias": no_eos}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 3:
+                break  # hang up early
+    deadline = time.time() + 30
+    while engine.stats()["active_rows"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.stats()["active_rows"] == 0
+    assert engine.stats()["tokens_generated"] - before < 3000  # cancelled before max_tokens
+    # and the server still answers
+    r = httpx.post(f"{server}/v1/completions", json={**body, "stream": False, "max_tokens": 2})
+    assert r.status_code == 200

@@ -1,0 +1,109 @@
+"""Config: every group option and profile composes and resolves; the CLI behaves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import resolve_overrides
+
+from appliance.config.hydra_setup import group_options
+from appliance.plan import PlanError
+
+OPTIONS = group_options()
+# Options that need a value a user must supply.
+REQUIRED = {("model", "local"): ["model.path=__EMBEDDED__"], ("model", "hf"): None}
+
+
+def _cases():
+    for group, options in OPTIONS.items():
+        for option in options:
+            yield group, option
+
+
+@pytest.mark.parametrize("group,option", list(_cases()))
+def test_every_option_composes_and_resolves(group, option):
+    from appliance.plan.resolve import EMBEDDED_MODEL
+
+    extra = REQUIRED.get((group, option), [])
+    if extra is None:  # hf needs a network: it must fail with a clear PlanError instead
+        with pytest.raises(PlanError) as e:
+            resolve_overrides([f"{group}={option}", "model.repo=nobody/does-not-exist"])
+        assert "model.repo='nobody/does-not-exist'" in str(e.value)
+        return
+    extra = [x.replace("__EMBEDDED__", str(EMBEDDED_MODEL)) for x in extra]
+    key = f"+{group}" if group == "profile" else group
+    plan = resolve_overrides([f"{key}={option}", *extra])
+    assert plan.fingerprint.startswith("fp_")
+    if group == "profile":
+        assert plan.profiles == (option,)
+
+
+def test_profiles_compose_left_to_right():
+    plan = resolve_overrides(["+profile=[m4-pro,agent-fleet]"])
+    assert plan.profiles == ("m4-pro", "agent-fleet")
+    assert plan.machine.name == "m4-pro"
+    assert plan.machine.memory_bytes == 24 * 1024**3
+    assert plan.server.max_context == 32768  # from agent-fleet
+    later = resolve_overrides(["+profile=[m4-pro,m1-max]"])
+    assert later.machine.name == "m1-max"
+
+
+def test_plan_error_lists_every_problem():
+    with pytest.raises(PlanError) as e:
+        resolve_overrides(["kv.scheme=kv3", "batch.mode=warp", "server.port=0",
+                           "model.dtype=int3"])
+    msg = str(e.value)
+    for needle in ("kv.scheme='kv3'", "valid choices: native", "batch.mode='warp'",
+                   "server.port=0", "model.dtype='int3'", "float32"):
+        assert needle in msg
+    assert len(e.value.problems) == 4
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "appliance.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_plan_prints_yaml_and_leaves_no_files(tmp_path):
+    import yaml
+
+    r = _cli("mode=plan", "+profile=[m4-pro,agent-fleet]", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(r.stdout)
+    assert doc["fingerprint"].startswith("fp_")
+    assert doc["model"]["architecture"] == "qwen3"
+    assert doc["profiles"] == ["m4-pro", "agent-fleet"]
+    assert list(tmp_path.iterdir()) == []  # no Hydra output folders in the user's directory
+
+
+def test_cli_unknown_option_exits_2_with_choices(tmp_path):
+    r = _cli("mode=plan", "kv=nonexistent", "+profile=nope", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "kv='nonexistent'" in r.stderr and "valid choices: native" in r.stderr
+    assert "profile='nope'" in r.stderr and "agent-fleet, m1-max, m4-pro" in r.stderr
+
+
+def test_cli_bad_value_exits_2(tmp_path):
+    r = _cli("mode=plan", "batch.prefill_chunk=0", cwd=tmp_path)
+    assert r.returncode == 2 and "batch.prefill_chunk=0" in r.stderr
+    r = _cli("mode=plan", "server.port=notanint", cwd=tmp_path)
+    assert r.returncode == 2 and "server.port" in r.stderr
+
+
+def test_cli_multirun_prints_one_plan_per_cell(tmp_path):
+    r = _cli("-m", "mode=plan", "model.dtype=float32,bfloat16", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("fingerprint: fp_") == 2
+    assert "# cell 0: mode=plan model.dtype=float32" in r.stdout
+    fps = [ln for ln in r.stdout.splitlines() if ln.startswith("fingerprint:")]
+    assert fps[0] != fps[1]  # dtype changes output bits
+    assert [p.name for p in tmp_path.iterdir()] == ["multirun"]
+
+
+def test_cli_help_lists_groups(tmp_path):
+    r = _cli("--help", cwd=tmp_path)
+    assert r.returncode == 0
+    for line in ("kv: native", "model: hf, local, tiny", "profile: agent-fleet, m1-max, m4-pro"):
+        assert line in r.stdout

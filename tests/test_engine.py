@@ -1,0 +1,116 @@
+"""Engines at B=1 against the serial oracle: goldens and a live mlx-lm run, token for token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_engine
+
+from appliance import oracle
+from appliance.engine import FinishReason, GenerationRequest, SamplingParams
+
+GOLDEN = json.loads(oracle.golden_path("tiny").read_text())
+CASES = {c["name"]: c for c in GOLDEN["cases"]}
+
+
+def _request(case: dict, max_tokens: int | None = None) -> GenerationRequest:
+    return GenerationRequest(case["prompt_ids"], max_tokens or case["max_tokens"],
+                             SamplingParams(**case.get("sampling", {})))
+
+
+def test_goldens_match_this_model_and_versions(plan):
+    from importlib.metadata import version
+
+    assert GOLDEN["config_sha256"] == plan.model.config_sha256
+    assert GOLDEN["dtype"] == plan.model.dtype
+    assert GOLDEN["versions"] == {"mlx": version("mlx"), "mlx-lm": version("mlx-lm")}
+
+
+def test_prompts_tokenize_as_mlx_lm_server(engine):
+    for case in GOLDEN["cases"]:
+        assert oracle.prompt_ids(engine.tokenizer, case) == case["prompt_ids"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_engine_matches_goldens(any_engine, name):
+    case = CASES[name]
+    toks, fin = run_engine(any_engine, _request(case))
+    assert toks == case["tokens"]
+    expected = FinishReason.LENGTH if len(toks) == case["max_tokens"] else FinishReason.STOP
+    assert fin.reason == expected
+    assert fin.completion_tokens == len(toks) and fin.prompt_tokens == len(case["prompt_ids"])
+
+
+@pytest.fixture(scope="module")
+def oracle_model(plan):
+    return oracle.load(plan.model.path, plan.model.dtype)
+
+
+@pytest.mark.parametrize("sampling", [
+    {},
+    {"temperature": 0.9, "seed": 1234},
+    {"temperature": 1.2, "top_k": 5, "seed": 5},
+    {"temperature": 1.0, "top_p": 0.5, "min_p": 0.1, "seed": 99},
+])
+def test_engine_matches_live_mlx_lm(any_engine, oracle_model, sampling):
+    """Beyond the goldens: a longer prompt (several prefill chunks) and fresh settings."""
+    model, tok = oracle_model
+    ids = tok.encode(open(__file__).read()[:1500])
+    assert len(ids) > 200
+    want = oracle.generate(model, tok, ids, 40, sampling)
+    got, _ = run_engine(any_engine, GenerationRequest(ids, 40, SamplingParams(**sampling)))
+    assert got == want
+
+
+def test_chunked_prefill_matches_mlx_lm_chunking(oracle_model):
+    """Prefill in 64-token chunks, as generate_step(prefill_step_size=64) does."""
+    from appliance.engine.runner import generate
+
+    model, tok = oracle_model
+    ids = tok.encode(open(__file__).read()[:1500])
+    want = oracle.generate(model, tok, ids, 20, {}, prefill_step_size=64)
+    got = [t for t, _ in generate(model, ids, 20, SamplingParams(), prefill_chunk=64)]
+    assert got[:len(want)] == want and len(want) > 0
+
+
+def test_max_tokens_and_cancel(any_engine):
+    engine = any_engine
+    case = CASES["def-greedy"]
+    toks, fin = run_engine(engine, _request(case, max_tokens=3))
+    assert toks == case["tokens"][:3] and fin.reason == FinishReason.LENGTH
+
+    import asyncio
+
+    from appliance.engine import Finished
+
+    async def cancel_after_two():
+        handle = engine.submit(GenerationRequest(case["prompt_ids"], 200))
+        got = []
+        async for ev in handle:
+            if isinstance(ev, Finished):
+                return got, ev
+            got.append(ev.id)
+            if len(got) == 2:
+                handle.cancel()
+
+    got, fin = asyncio.run(cancel_after_two())
+    assert fin.reason == FinishReason.CANCELLED
+    assert 2 <= len(got) <= 3  # honoured at the next token
+
+
+def test_eos_ends_generation(any_engine):
+    engine = any_engine
+    """A logit bias that forces EOS: finish is 'stop' and EOS is never delivered."""
+    eos = min(engine.eos_ids)
+    toks, fin = run_engine(engine, GenerationRequest(
+        CASES["def-greedy"]["prompt_ids"], 10, SamplingParams(logit_bias={eos: 100.0})))
+    assert toks == [] and fin.reason == FinishReason.STOP
+
+
+def test_a_failing_request_does_not_stop_the_engine(any_engine):
+    engine = any_engine
+    bad, fin = run_engine(engine, GenerationRequest([], 5))  # nothing to run the model on
+    assert bad == [] and fin.reason == FinishReason.ERROR and fin.error
+    toks, fin = run_engine(engine, _request(CASES["def-greedy"]))
+    assert toks == CASES["def-greedy"]["tokens"]
