@@ -3,6 +3,7 @@
     appliance                                   serve (mode=serve, the default)
     appliance mode=plan [overrides]             print the plan; exit 0, or 2 on PlanError
     appliance -m mode=plan kv=a,b               one plan per sweep cell
+    appliance mode=bench [bench=decode]         measure; results in ./bench/<time>/
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import appliance  # noqa: F401  (BLAS preload before mlx)
 from appliance.config.hydra_setup import conf_dir, group_options, setup
 from appliance.plan import PlanError, resolve
 
-MODES = ("serve", "plan")
+MODES = ("serve", "plan", "bench")
 log = logging.getLogger("appliance")
 _exit_code = 0
 
@@ -68,6 +69,15 @@ def run(cfg) -> int:
         print(f"# cell {hc.job.num}: {' '.join(hc.overrides.task)}")
     if cfg.mode == "plan":
         print(plan.to_yaml(), end="")
+        return 0
+    if cfg.mode == "bench":
+        from pathlib import Path
+
+        from omegaconf import OmegaConf
+
+        from appliance.bench import run as bench
+
+        bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir))
         return 0
     from appliance.serve import serve
 

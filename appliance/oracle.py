@@ -1,6 +1,11 @@
 """The oracle: mlx-lm run directly, and the goldens made from it.
 
-    python -m appliance.oracle            (just goldens) writes goldens/<backend>/<model>.json
+    python -m appliance.oracle     (just goldens) writes goldens/<backend>/*.json
+
+Serial goldens: `generate_step` on a fixed prompt set. Batch goldens:
+`BatchGenerator` driven through fixed schedules (static B=2/4, and rows
+joining mid-decode and leaving early) on the embedded model and on tiny
+random-weight sliding-window and hybrid models.
 
 Nothing here uses the appliance's engine or API: prompts are tokenized as
 mlx-lm's server does, tokens come from `mlx_lm.generate.generate_step` with
@@ -82,6 +87,114 @@ def generate(model, tokenizer, ids: list[int], max_tokens: int, sampling: dict,
     return out
 
 
+# Batch schedules for BatchGenerator parity. Events at a tick happen before that
+# tick's `next()`: removals first, then insertions in order. Row -> (prompt
+# length in tokens, max_tokens).
+BATCH_ROWS = {"a": (40, 24), "b": (90, 8), "c": (25, 16), "d": (60, 12)}
+BATCH_SCHEDULES = {
+    "static-2": {"max_rows": 2, "events": [(0, "insert", "a"), (0, "insert", "b")]},
+    "static-4": {"max_rows": 4, "events": [(0, "insert", r) for r in "abcd"]},
+    # c joins mid-decode, b leaves early (length), d joins late, a is cancelled
+    "dynamic": {"max_rows": 4, "events": [(0, "insert", "a"), (0, "insert", "b"),
+                                          (4, "insert", "c"), (9, "insert", "d"),
+                                          (14, "remove", "a")]},
+}
+BATCH_PREFILL_CHUNK = 32  # small, so prefill chunks interleave with decode steps
+
+
+BATCH_TEXT = '''import os
+import sys
+from collections import defaultdict
+
+
+class Registry:
+    """Map names to handlers, in insertion order."""
+
+    def __init__(self):
+        self._handlers = defaultdict(list)
+
+    def register(self, name, handler):
+        self._handlers[name].append(handler)
+        return handler
+
+    def dispatch(self, name, *args, **kwargs):
+        results = []
+        for handler in self._handlers.get(name, ()):
+            results.append(handler(*args, **kwargs))
+        return results
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    registry = Registry()
+    registry.register("env", lambda key: os.environ.get(key, ""))
+    for key in argv:
+        print(key, registry.dispatch("env", key))
+    return 0
+'''
+
+
+def batch_prompts(tokenizer) -> dict[str, list[int]]:
+    """Deterministic prompts of the BATCH_ROWS lengths, cut from BATCH_TEXT."""
+    ids = list(tokenizer.encode(BATCH_TEXT))
+    assert len(ids) >= 7 * len(BATCH_ROWS) + max(n for n, _ in BATCH_ROWS.values())
+    return {r: ids[7 * i: 7 * i + n] for i, (r, (n, _)) in enumerate(BATCH_ROWS.items())}
+
+
+def run_batch_schedule(model, tokenizer, schedule: dict) -> dict[str, list[int]]:
+    """Tokens per row from mlx-lm's BatchGenerator driven through `schedule`."""
+    from mlx_lm.generate import BatchGenerator
+
+    max_rows = schedule["max_rows"]
+    gen = BatchGenerator(model, stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
+                         completion_batch_size=max_rows, prefill_batch_size=min(8, max_rows),
+                         prefill_step_size=BATCH_PREFILL_CHUNK)
+    prompts = batch_prompts(tokenizer)
+    out = {r: [] for _, _, r in schedule["events"]}
+    uid_of, row_of, live = {}, {}, set()
+    events = sorted(schedule["events"], key=lambda e: (e[0], e[1] != "remove"))
+    tick = 0
+    while events or live:
+        while events and events[0][0] == tick:
+            _, what, r = events.pop(0)
+            if what == "remove":
+                if r in live:
+                    gen.remove([uid_of[r]])
+                    live.discard(r)
+                continue
+            (uid,) = gen.insert([prompts[r]], max_tokens=[BATCH_ROWS[r][1]])
+            uid_of[r], row_of[uid] = uid, r
+            live.add(r)
+        if live:
+            _, responses = gen.next()
+            for resp in responses:
+                r = row_of[resp.uid]
+                if resp.finish_reason != "stop":  # EOS is not part of the text
+                    out[r].append(resp.token)
+                if resp.finish_reason is not None:
+                    live.discard(r)
+        tick += 1
+    gen.close()
+    return out
+
+
+def make_batch_goldens(path: str, dtype: str, model_name: str) -> Path:
+    model, tokenizer = load(path, dtype)
+    doc = {"model": model_name, "dtype": dtype, "backend": backend(),
+           "config_sha256": __import__("hashlib").sha256(
+               (Path(path) / "config.json").read_bytes()).hexdigest(),
+           "versions": {"mlx": version("mlx"), "mlx-lm": version("mlx-lm")},
+           "generator": "python -m appliance.oracle (mlx_lm.generate.BatchGenerator)",
+           "prefill_chunk": BATCH_PREFILL_CHUNK, "rows": BATCH_ROWS,
+           "prompts": batch_prompts(tokenizer),
+           "schedules": {name: {**sch, "tokens": run_batch_schedule(model, tokenizer, sch)}
+                         for name, sch in BATCH_SCHEDULES.items()}}
+    out = golden_path(f"batch-{model_name}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc) + "\n")
+    return out
+
+
 def backend() -> str:
     import mlx.core as mx
 
@@ -116,15 +229,24 @@ def make_goldens(path: str, dtype: str, model_name: str) -> Path:
     return out
 
 
-def main() -> None:
+# Models with goldens: the embedded one, and random-weight tiny variants of a
+# sliding-window and a hybrid architecture (appliance.models.synthetic.TINY).
+BATCH_MODELS = ("tiny", "tiny-gemma3", "tiny-qwen3-next")
+
+
+def model_path(name: str) -> str:
+    from appliance.models.synthetic import ensure
     from appliance.plan.resolve import EMBEDDED_MODEL
 
+    return str(EMBEDDED_MODEL if name == "tiny" else ensure(name, "float32", None, 0))
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--path", default=str(EMBEDDED_MODEL))
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--name", default="tiny")
-    a = ap.parse_args()
-    print(make_goldens(a.path, a.dtype, a.name))
+    ap.parse_args()
+    print(make_goldens(model_path("tiny"), "float32", "tiny"))
+    for name in BATCH_MODELS:
+        print(make_batch_goldens(model_path(name), "float32", name))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -67,8 +68,8 @@ def any_engine(request):
     return request.getfixturevalue("engine" if request.param == "continuous" else "serial_engine")
 
 
-@pytest.fixture(scope="session")
-def server(plan, engine):
+@contextlib.contextmanager
+def serving(plan, engine):
     """The real app on a real socket (uvicorn in a thread). Yields the base URL."""
     import uvicorn
 
@@ -83,9 +84,31 @@ def server(plan, engine):
     while not srv.started:
         assert time.time() < deadline, "server did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{plan.server.port}"
-    srv.should_exit = True
-    t.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{plan.server.port}"
+    finally:
+        srv.should_exit = True
+        t.join(timeout=10)
+
+
+@contextlib.contextmanager
+def app_for(overrides: list[str]):
+    """A plan, its engine and its server, for tests that need other settings."""
+    from appliance.engine import build_engine
+
+    plan = resolve_overrides([f"server.port={free_port()}", *overrides])
+    engine = build_engine(plan)
+    try:
+        with serving(plan, engine) as url:
+            yield plan, engine, url
+    finally:
+        engine.stop()
+
+
+@pytest.fixture(scope="session")
+def server(plan, engine):
+    with serving(plan, engine) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

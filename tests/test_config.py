@@ -105,5 +105,6 @@ def test_cli_multirun_prints_one_plan_per_cell(tmp_path):
 def test_cli_help_lists_groups(tmp_path):
     r = _cli("--help", cwd=tmp_path)
     assert r.returncode == 0
-    for line in ("kv: native", "model: hf, local, tiny", "profile: agent-fleet, m1-max, m4-pro"):
+    for line in ("kv: native", "model: hf, local, synthetic, tiny", "batch: continuous, serial",
+                 "profile: agent-fleet, m1-max, m4-pro"):
         assert line in r.stdout

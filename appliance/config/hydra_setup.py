@@ -45,8 +45,19 @@ def group_options() -> dict[str, list[str]]:
     return groups
 
 
+def _run_dir(mode: str) -> str:
+    """Single runs write nothing to the user's directory, except a bench's results."""
+    if mode != "bench":
+        return "."
+    import datetime
+
+    return "bench/" + datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
 def setup() -> None:
-    """Register the schema and the profiles. Idempotent."""
+    """Register the schema, the profiles and the run-dir resolver. Idempotent."""
+    if not OmegaConf.has_resolver("appliance_run_dir"):
+        OmegaConf.register_new_resolver("appliance_run_dir", _run_dir)
     register()
     cs = ConfigStore.instance()
     for path in sorted(profiles_dir().glob("*.yaml")):

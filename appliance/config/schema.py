@@ -16,12 +16,15 @@ from hydra.core.config_store import ConfigStore
 class ModelConfig:
     """Which weights to serve."""
 
-    source: str = "tiny"  # tiny (embedded) | local (model.path) | hf (model.repo)
+    source: str = "tiny"  # tiny (embedded) | local (model.path) | hf (model.repo) | synthetic
     path: str | None = None  # local: an mlx-lm model directory
     repo: str | None = None  # hf: a Hugging Face repo id
     revision: str | None = None  # hf: branch, tag or commit
     dtype: str = "auto"  # auto (checkpoint's) | float32 | bfloat16 | float16
     name: str | None = None  # id served by /v1/models; derived when unset
+    shape: str | None = None  # synthetic: a named real shape, e.g. llama-3.2-1b
+    bits: int | None = None  # synthetic: quantize the weights to 4 or 8 bits
+    seed: int = 0  # synthetic: the random weights are a function of this seed
 
 
 @dataclass
@@ -84,10 +87,29 @@ class MachineConfig:
 
 
 @dataclass
+class BenchConfig:
+    """mode=bench: a workload run against the plan's engine through a real HTTP server."""
+
+    workload: str = "fleet"  # fleet: N agents sharing a system prompt | decode: B=1 decode speed
+    target: str = "self"  # self (this plan, in-process server) | mlx_lm (mlx_lm.server) | a URL
+    clients: int = 8  # concurrent agents
+    requests_per_client: int = 1  # turns each agent sends, one after another
+    system_tokens: int = 1024  # shared system prompt length (tokens)
+    user_tokens: int = 64  # distinct user turn length (tokens)
+    max_tokens: int = 128  # completion length (EOS is banned so every request runs to it)
+    stagger_s: float = 0.25  # agent i starts at i * stagger_s ...
+    jitter_s: float = 0.1  # ... plus uniform [0, jitter_s)
+    seed: int = 0
+    warmup: int = 1  # untimed requests first (JIT, caches)
+    decode_tokens: int = 256  # decode workload: tokens per run
+    repeats: int = 3  # decode workload: runs per contender
+
+
+@dataclass
 class AppConfig:
     """The whole configuration. `mode` picks what the CLI does with the plan."""
 
-    mode: str = "serve"  # serve | plan
+    mode: str = "serve"  # serve | plan | bench
     model: ModelConfig = field(default_factory=ModelConfig)
     kv: KVConfig = field(default_factory=KVConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
@@ -95,6 +117,7 @@ class AppConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     machine: MachineConfig = field(default_factory=MachineConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
 
 
 GROUPS = {

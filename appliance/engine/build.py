@@ -30,7 +30,10 @@ def build_engine(plan: ExecutionPlan) -> Engine:
         window=m.sliding_window or 0, recurrent=0))
 
     def load():
-        return runner.load(m.path, m.dtype, m.revision)
+        from appliance.models import materialize
+
+        path = m.path if m.source == "hf" else str(materialize(m))
+        return runner.load(path, m.dtype, m.revision)
 
     def make_scheduler(model, eos_ids, stream):
         budget.shape = KVShape(**{**budget.shape.__dict__, "recurrent": _recurrent_bytes(model)})

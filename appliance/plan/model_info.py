@@ -31,7 +31,7 @@ class ModelInfo:
     num_kv_heads: int | None
     head_dim: int | None
     max_position_embeddings: int | None
-    parameters: int  # stored elements (packed for quantized weights)
+    parameters: int  # model parameters (quantized words unpacked)
     checkpoint_dtype: str  # dominant float dtype of the stored weights
     weight_bytes: int  # on disk
     float_weight_elements: int  # elements whose dtype a dtype override changes
@@ -46,13 +46,10 @@ def read_safetensors_header(path: Path) -> dict:
         return json.loads(f.read(n))
 
 
-def _kinds_from_cache(config: dict) -> tuple[tuple[str, ...], int | None]:
+def _kinds_from_cache(model) -> tuple[tuple[str, ...], int | None]:
     from mlx_lm.models import cache as C
     from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.utils import _get_classes
 
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))  # lazy: nothing is evaluated
     kinds, window = [], None
     for c in make_prompt_cache(model):
         if isinstance(c, C.RotatingKVCache):
@@ -67,45 +64,75 @@ def _kinds_from_cache(config: dict) -> tuple[tuple[str, ...], int | None]:
     return tuple(kinds), window
 
 
+def _lazy_model(config: dict):
+    """mlx-lm's own model class for `config`; MLX leaves its random init unevaluated."""
+    from appliance.models.synthetic import lazy_model
+
+    try:
+        return lazy_model(config)
+    except Exception as e:  # unknown model_type, bad args: name the cause
+        raise PlanError([f"model: mlx-lm cannot build {config.get('model_type')!r}: {e}"]) from e
+
+
 def inspect_model(path: Path) -> ModelInfo:
     """Describe the mlx-lm model directory at `path`; PlanError if it is not one."""
-    import hashlib
-
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise PlanError([f"model.path: {path} has no config.json (not an mlx-lm model directory)"])
-    raw = cfg_path.read_bytes()
-    config = json.loads(raw)
-    text = config.get("text_config", {})
-    get = lambda k: config.get(k, text.get(k))  # noqa: E731
-
     files = sorted(path.glob("model*.safetensors"))
     if not files:
         raise PlanError([f"model.path: {path} has no model*.safetensors weights"])
-    params = weight_bytes = float_elems = 0
-    by_dtype: dict[str, int] = {}
+    tensors = []  # (safetensors dtype, elements)
     for f in files:
-        weight_bytes += f.stat().st_size
         for name, meta in read_safetensors_header(f).items():
-            if name == "__metadata__":
-                continue
-            n = 1
-            for d in meta["shape"]:
-                n *= d
-            params += n
-            by_dtype[meta["dtype"]] = by_dtype.get(meta["dtype"], 0) + n
-            if meta["dtype"] in FLOAT_DTYPES:
-                float_elems += n
+            if name != "__metadata__":
+                tensors.append((meta["dtype"], _numel(meta["shape"])))
+    raw = cfg_path.read_bytes()
+    return describe(json.loads(raw), raw, tensors, sum(f.stat().st_size for f in files))
+
+
+def inspect_config(config: dict) -> ModelInfo:
+    """Describe a model that exists only as a config (synthetic shapes): tensor sizes come
+    from the lazily built module, so nothing is computed or written."""
+    from mlx.utils import tree_flatten
+
+    names = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "uint32": "U32"}
+    tensors = [(names.get(str(v.dtype).split(".")[-1], "F32"), v.size)
+               for _, v in tree_flatten(_lazy_model(config).parameters())]
+    # float tensors in the config's dtype, as ensure() will write them
+    dt = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[config["torch_dtype"]]
+    tensors = [(dt if d in FLOAT_DTYPES else d, n) for d, n in tensors]
+    nbytes = sum(n * DTYPE_BYTES[d] for d, n in tensors)
+    return describe(config, json.dumps(config, sort_keys=True).encode(), tensors, nbytes)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def describe(config: dict, raw: bytes, tensors: list[tuple[str, int]],
+             weight_bytes: int) -> ModelInfo:
+    import hashlib
+
+    text = config.get("text_config", {})
+    get = lambda k: config.get(k, text.get(k))  # noqa: E731
+    q = config.get("quantization") or config.get("quantization_config")
+    bits = q.get("bits") if isinstance(q, dict) else None
+    # packed quantized words hold 32 / bits parameters each
+    params = sum(n * 32 // bits if bits and d == "U32" else n for d, n in tensors)
+    float_elems = sum(n for d, n in tensors if d in FLOAT_DTYPES)
+    by_dtype: dict[str, int] = {}
+    for d, n in tensors:
+        by_dtype[d] = by_dtype.get(d, 0) + n
     floats = {k: v for k, v in by_dtype.items() if k in FLOAT_DTYPES}
     ckpt = SAFETENSORS_TO_NAME.get(max(floats, key=floats.get), "float32") if floats else "float32"
 
-    q = config.get("quantization") or config.get("quantization_config")
-    quant = f"{q.get('bits')}bit/g{q.get('group_size')}" if isinstance(q, dict) else None
+    quant = f"{bits}bit/g{q.get('group_size')}" if bits else None
 
-    try:
-        kinds, window = _kinds_from_cache(config)
-    except Exception as e:  # unknown model_type, bad args: name the cause
-        raise PlanError([f"model: mlx-lm cannot build {config.get('model_type')!r}: {e}"]) from e
+    kinds, window = _kinds_from_cache(_lazy_model({**config, "quantization": None}))
 
     heads = get("num_attention_heads")
     hidden = get("hidden_size")

@@ -32,6 +32,7 @@ class ModelPlan:
     weight_bytes_on_disk: int
     weight_bytes: int  # resident, after any dtype cast
     config_sha256: str
+    synthetic: dict | None = None  # {shape, bits, seed} for model=synthetic, else None
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ class ExecutionPlan:
     def to_yaml(self) -> str:
         import yaml
 
-        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
+        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False, default_flow_style=None,
+                              width=100)
 
 
 def _plain(x):

@@ -11,7 +11,7 @@ from typing import Any
 from appliance import _blas
 from appliance.plan.errors import PlanError
 from appliance.plan.machine import GiB, detect
-from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo, inspect_model
+from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo, inspect_config, inspect_model
 from appliance.plan.plan import (
     BatchPlan,
     CachePlan,
@@ -29,7 +29,7 @@ from appliance.plan.sizes import parse_size
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "embedded" / "tiny"
 
 # What is implemented today. Later capabilities extend these sets.
-SOURCES = ("tiny", "local", "hf")
+SOURCES = ("tiny", "local", "hf", "synthetic")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_SCHEMES = ("native",)
 DRAFTS = ("none",)
@@ -62,6 +62,18 @@ def _locate_model(m: Any, problems: list[str]) -> tuple[Path | None, str]:
             problems.append(f"model.path={m.path!r} is not a directory")
             return None, ""
         return p, m.name or p.name
+    if m.source == "synthetic":
+        from appliance.models.synthetic import SHAPES, TINY, synthetic_dir
+
+        if m.shape not in SHAPES and m.shape not in TINY:
+            problems.append(f"model.shape={m.shape!r} is not a known shape; valid choices: "
+                            f"{', '.join([*SHAPES, *TINY])}")
+            return None, ""
+        if m.bits not in (None, 4, 8):
+            problems.append(f"model.bits={m.bits} is not supported; valid choices: null, 4, 8")
+            return None, ""
+        return synthetic_dir(m.shape, _synthetic_dtype(m), m.bits, m.seed), \
+            m.name or f"synthetic-{m.shape}" + (f"-{m.bits}bit" if m.bits else "")
     if m.source == "hf":
         if not m.repo:
             problems.append("model.repo is required with model=hf (a Hugging Face repo id)")
@@ -76,6 +88,13 @@ def _locate_model(m: Any, problems: list[str]) -> tuple[Path | None, str]:
             return None, ""
         return p, m.name or m.repo
     return None, ""
+
+
+def _synthetic_dtype(m) -> str:
+    from appliance.models.synthetic import SHAPES, TINY
+
+    shape = SHAPES.get(m.shape) or TINY[m.shape]
+    return shape["torch_dtype"] if m.dtype == "auto" else m.dtype
 
 
 def _weights_resident(info: ModelInfo, dtype: str) -> int:
@@ -128,7 +147,12 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     path, model_id = _locate_model(m, problems) if m.source in SOURCES else (None, "")
     if path is not None:
         try:
-            info = inspect_model(path)
+            if m.source == "synthetic":  # described from its config: nothing is built here
+                from appliance.models.synthetic import config_for
+
+                info = inspect_config(config_for(m.shape, _synthetic_dtype(m), m.bits))
+            else:
+                info = inspect_model(path)
         except PlanError as e:
             problems += e.problems
 
@@ -156,6 +180,8 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         checkpoint_dtype=info.checkpoint_dtype, dtype=dtype, quantization=info.quantization,
         weight_bytes_on_disk=info.weight_bytes, weight_bytes=_weights_resident(info, dtype),
         config_sha256=info.config_sha256,
+        synthetic={"shape": m.shape, "bits": m.bits, "seed": m.seed}
+        if m.source == "synthetic" else None,
     )
 
     kv_width = 2 * (info.num_kv_heads or 0) * (info.head_dim or 0) * COMPUTE_BYTES[dtype]

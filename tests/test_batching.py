@@ -1,0 +1,150 @@
+"""The continuous scheduler: admission, failure containment and per-row sampling."""
+
+from __future__ import annotations
+
+import pytest
+from harness import Collector, drive
+
+from appliance import oracle
+from appliance.engine import FinishReason, GenerationRequest, SamplingParams
+from appliance.engine.budget import Budget, KVShape
+from appliance.engine.continuous import ContinuousScheduler
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return oracle.load(oracle.model_path("tiny"), "float32")
+
+
+def _sched(tiny, max_rows=4, budget_bytes=1 << 40, shape=KVShape(1, 0, 0, 0)):
+    model, tok = tiny
+    return ContinuousScheduler(model, set(tok.eos_token_ids), max_rows, 32,
+                               Budget(budget_bytes, shape))
+
+
+def _prompt(tok, i, n=30):
+    return oracle.batch_prompts(tok)["abcd"[i % 4]][:n]
+
+
+def test_budget_shapes():
+    s = KVShape(full_per_token=10, sliding_per_token=4, window=16, recurrent=100)
+    assert s.row_bytes(8) == 80 + 32 + 100
+    assert s.row_bytes(100) == 1000 + 64 + 100  # sliding layers capped at the window
+    b = Budget(2000, s)
+    assert b.try_admit(1, 50, 50) and not b.try_admit(2, 50, 50)
+    b.release(1)
+    assert b.try_admit(2, 50, 50) and b.reserved == 1164
+    b.check_integrity()
+
+
+def test_admission_waits_for_bytes_head_of_line(tiny):
+    """Rows cost 40 bytes each; a 100-byte budget runs two at a time, in arrival order."""
+    _, tok = tiny
+    s = _sched(tiny, max_rows=8, budget_bytes=100)
+    rows = [Collector(GenerationRequest(_prompt(tok, i, 30), 10)) for i in range(4)]
+    for r in rows:
+        s.add(r)
+    seen_active = []
+    while s.has_work():
+        s.step()
+        s.check_integrity()
+        seen_active.append(s.active_rows())
+        assert s.budget.reserved <= 100
+    assert max(seen_active) == 2
+    assert all(r.finished.reason in (FinishReason.LENGTH, FinishReason.STOP) for r in rows)
+    # FIFO: the first two finish before the last two start producing
+    assert rows[0].finished and rows[1].finished
+    assert s.budget.reserved == 0 and s.active_rows() == 0
+
+
+def test_a_failing_delivery_evicts_only_that_row(tiny):
+    model, tok = tiny
+    sch = oracle.BATCH_SCHEDULES["static-4"]
+    prompts = oracle.batch_prompts(tok)
+    want = oracle.run_batch_schedule(model, tok, sch)
+    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1])) for r in "abcd"}
+    rows["c"].fail_delivery = True
+    drive(_sched(tiny), sch["events"], rows)
+    assert rows["c"].tokens == [] and rows["c"].finished is None  # gone, never delivered
+    for r in "abd":
+        assert rows[r].tokens == want[r]  # siblings unaffected, still exact
+
+
+def test_a_forward_error_fails_rows_in_flight_and_serving_goes_on(tiny, monkeypatch):
+    model, tok = tiny
+    s = _sched(tiny)
+    a, b = (Collector(GenerationRequest(_prompt(tok, i), 20)) for i in range(2))
+    s.add(a)
+    s.add(b)
+    s.step()
+    calls = {"n": 0}
+    real = type(model).__call__
+
+    def broken(self, *args, **kw):
+        calls["n"] += 1
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(type(model), "__call__", broken)
+    s.step()
+    monkeypatch.setattr(type(model), "__call__", real)
+    assert calls["n"] >= 1
+    assert a.finished.reason == FinishReason.ERROR and "device lost" in a.finished.error
+    assert b.finished.reason == FinishReason.ERROR
+    c = Collector(GenerationRequest(_prompt(tok, 2), 8))
+    drive(s, [(0, "insert", "c")], {"c": c})
+    assert c.tokens == oracle.generate(model, tok, _prompt(tok, 2), 8, {})
+    s.check_integrity()
+
+
+def test_seeded_rows_are_independent_of_their_siblings(tiny):
+    """A seeded row gives the same tokens alone, among other seeded rows, and as
+    mlx-lm's serial `mx.random.seed` run."""
+    model, tok = tiny
+    p = _prompt(tok, 0)
+    seeded = {"temperature": 1.0, "top_k": 50, "seed": 42}
+    serial = oracle.generate(model, tok, p, 16, seeded)
+
+    def run(siblings):
+        rows = {"x": Collector(GenerationRequest(p, 16, SamplingParams(**seeded)))}
+        for i, sp in enumerate(siblings):
+            rows[f"s{i}"] = Collector(GenerationRequest(_prompt(tok, i + 1), 16,
+                                                        SamplingParams(**sp)))
+        drive(_sched(tiny), [(0, "insert", r) for r in rows], rows)
+        return rows["x"].tokens
+
+    assert run([]) == serial
+    assert run([{"temperature": 0.7, "seed": 1}, {"temperature": 1.3}, {}]) == serial
+
+
+def test_penalties_and_bias_stay_in_their_row(tiny):
+    model, tok = tiny
+    p0, p1 = _prompt(tok, 0), _prompt(tok, 1)
+    forced = 100
+    rows = {"biased": Collector(GenerationRequest(p0, 6, SamplingParams(
+                logit_bias={forced: 100.0}))),
+            "penalised": Collector(GenerationRequest(p1, 12, SamplingParams(
+                repetition_penalty=1.5))),
+            "plain": Collector(GenerationRequest(p1, 12))}
+    drive(_sched(tiny), [(0, "insert", r) for r in rows], rows)
+    assert rows["biased"].tokens == [forced] * 6
+    assert rows["plain"].tokens == oracle.generate(model, tok, p1, 12, {})
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors
+
+    want = [t for t, _ in generate_step(mx.array(p1), model, max_tokens=12,
+                                        logits_processors=make_logits_processors(
+                                            repetition_penalty=1.5))]
+    assert rows["penalised"].tokens == want[:len(rows["penalised"].tokens)]
+
+
+def test_logprobs_per_row(tiny):
+    _, tok = tiny
+    rows = {"lp": Collector(GenerationRequest(_prompt(tok, 0), 5, logprobs=3)),
+            "none": Collector(GenerationRequest(_prompt(tok, 1), 5))}
+    drive(_sched(tiny), [(0, "insert", r) for r in rows], rows)
+    for ev in rows["lp"].events[:-1]:
+        assert len(ev.top) == 3 and ev.logprob <= 0
+        assert ev.top[0][0] == ev.id and ev.top[0][1] == pytest.approx(ev.logprob)  # greedy
+        assert [v for _, v in ev.top] == sorted((v for _, v in ev.top), reverse=True)
+    assert all(ev.logprob is None for ev in rows["none"].events[:-1])
