@@ -57,6 +57,10 @@ def run(cfg) -> int:
     hc = HydraConfig.get()
     problems = [] if cfg.mode in MODES else [
         f"mode={cfg.mode!r} is not supported; valid choices: {', '.join(MODES)}"]
+    if cfg.mode == "bench":
+        from appliance.bench import check
+
+        problems += check(cfg.bench)
     try:
         plan = resolve(cfg, profiles=_profiles(list(hc.overrides.task)))
     except PlanError as e:
@@ -77,7 +81,8 @@ def run(cfg) -> int:
 
         from appliance.bench import run as bench
 
-        bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir))
+        bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir),
+              tuple(hc.overrides.task))
         return 0
     from appliance.serve import serve
 

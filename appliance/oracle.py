@@ -100,6 +100,7 @@ BATCH_SCHEDULES = {
                                           (14, "remove", "a")]},
 }
 BATCH_PREFILL_CHUNK = 32  # small, so prefill chunks interleave with decode steps
+BATCH_PREFILL_ROWS = 1  # prompts prefilled together, as the appliance's scheduler does
 
 
 BATCH_TEXT = '''import os
@@ -147,7 +148,7 @@ def run_batch_schedule(model, tokenizer, schedule: dict) -> dict[str, list[int]]
 
     max_rows = schedule["max_rows"]
     gen = BatchGenerator(model, stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
-                         completion_batch_size=max_rows, prefill_batch_size=min(8, max_rows),
+                         completion_batch_size=max_rows, prefill_batch_size=BATCH_PREFILL_ROWS,
                          prefill_step_size=BATCH_PREFILL_CHUNK)
     prompts = batch_prompts(tokenizer)
     out = {r: [] for _, _, r in schedule["events"]}
@@ -185,7 +186,8 @@ def make_batch_goldens(path: str, dtype: str, model_name: str) -> Path:
                (Path(path) / "config.json").read_bytes()).hexdigest(),
            "versions": {"mlx": version("mlx"), "mlx-lm": version("mlx-lm")},
            "generator": "python -m appliance.oracle (mlx_lm.generate.BatchGenerator)",
-           "prefill_chunk": BATCH_PREFILL_CHUNK, "rows": BATCH_ROWS,
+           "prefill_chunk": BATCH_PREFILL_CHUNK, "prefill_rows": BATCH_PREFILL_ROWS,
+           "rows": BATCH_ROWS,
            "prompts": batch_prompts(tokenizer),
            "schedules": {name: {**sch, "tokens": run_batch_schedule(model, tokenizer, sch)}
                          for name, sch in BATCH_SCHEDULES.items()}}

@@ -22,6 +22,6 @@ def serve(plan: ExecutionPlan) -> None:
         app = create_app(plan, engine)
         log.info("serving on http://%s:%d/v1", plan.server.host, plan.server.port)
         uvicorn.run(app, host=plan.server.host, port=plan.server.port,
-                    log_level=plan.server.log_level, workers=1)
+                    log_level=plan.server.log_level, workers=1, timeout_graceful_shutdown=10)
     finally:
         engine.stop()

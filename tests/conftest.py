@@ -8,9 +8,9 @@ import socket
 import threading
 import time
 
-import appliance  # noqa: F401  (BLAS preload before mlx)
 import pytest
 
+import appliance  # noqa: F401  (BLAS preload before mlx)
 from appliance.config.hydra_setup import conf_dir, setup
 
 

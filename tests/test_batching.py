@@ -16,10 +16,11 @@ def tiny():
     return oracle.load(oracle.model_path("tiny"), "float32")
 
 
-def _sched(tiny, max_rows=4, budget_bytes=1 << 40, shape=KVShape(1, 0, 0, 0)):
+def _sched(tiny, max_rows=4, budget_bytes=1 << 40):
+    """Rows cost one byte per token, so budgets below are in tokens."""
     model, tok = tiny
     return ContinuousScheduler(model, set(tok.eos_token_ids), max_rows, 32,
-                               Budget(budget_bytes, shape))
+                               Budget(budget_bytes, KVShape(1, 0, 0, 0)))
 
 
 def _prompt(tok, i, n=30):
@@ -148,3 +149,33 @@ def test_logprobs_per_row(tiny):
         assert ev.top[0][0] == ev.id and ev.top[0][1] == pytest.approx(ev.logprob)  # greedy
         assert [v for _, v in ev.top] == sorted((v for _, v in ev.top), reverse=True)
     assert all(ev.logprob is None for ev in rows["none"].events[:-1])
+
+
+def test_a_lone_row_runs_solo_then_hands_over_to_the_batch(tiny):
+    """Alone, a row decodes unbatched (generate_step arithmetic); when a second row
+    arrives its cache, history and sampler move into the batch and both continue.
+    On this backend the batched arithmetic equals the serial one at these sizes, so
+    both rows must equal mlx-lm's serial generation token for token."""
+    model, tok = tiny
+    s = _sched(tiny)
+    pa, pb = _prompt(tok, 0), _prompt(tok, 1)
+    rows = {"a": Collector(GenerationRequest(pa, 20, SamplingParams(
+                temperature=0.8, seed=5, repetition_penalty=1.2))),
+            "b": Collector(GenerationRequest(pb, 10))}
+    s.add(rows["a"])
+    s.step()
+    assert s._solo is not None and s.active_rows() == 1
+    for _ in range(4):
+        s.step()
+    drive(s, [(0, "insert", "b")], rows)
+    assert s._solo is None
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    mx.random.seed(5)
+    want_a = [t for t, _ in generate_step(
+        mx.array(pa), model, max_tokens=20, sampler=make_sampler(temp=0.8),
+        logits_processors=make_logits_processors(repetition_penalty=1.2))]
+    assert rows["a"].tokens == want_a[:len(rows["a"].tokens)] and len(rows["a"].tokens) > 5
+    assert rows["b"].tokens == oracle.generate(model, tok, pb, 10, {})

@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 from conftest import resolve_overrides
 
-
 from appliance.plan import PlanError
 
 

@@ -21,6 +21,7 @@ import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import sysconfig  # noqa: E402
 import time  # noqa: E402
@@ -32,7 +33,7 @@ import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import qwen3  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 import appliance  # noqa: E402,F401  -- preloads OpenBLAS before mlx is imported
 
@@ -41,7 +42,15 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 VOCAB = 4096
 # Tests are huge and repetitive; idlelib/lib2to3 are app-specific. Skip them.
 EXCLUDE_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3"}
+# encodings/cp*.py, mac_*.py, ...: 70 machine-generated hex tables (~12% of
+# the bytes) that would teach the model little but cost a lot of steps.
+CHARMAP_TABLE = re.compile(r"^(decoding_table = \(|decoding_map = )", re.M)
 ALWAYS_TRAIN = "pydoc_data/topics.py"  # the prose docs; keep in training
+# Pre-tokenizer split: identifiers, punctuation runs, whitespace runs. Unlike
+# GPT-2's regex, a single space attaches to the END of the previous piece
+# ("def ", "import ", "= "), so a prompt ending in a space ("def ") is a
+# token boundary seen in training, and indentation stays one "\n    " piece.
+SPLIT = r"[\p{L}\p{N}_]+ ?|[^\s\p{L}\p{N}_]+ ?|\s+"
 HELDOUT_MOD = 50  # ~2% of files, chosen by sha256 of the relative path
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -63,8 +72,11 @@ def load_corpus():
     files = []
     for p in root.rglob("*.py"):
         rel = p.relative_to(root).as_posix()
-        if not EXCLUDE_DIRS.intersection(rel.split("/")[:-1]):
-            files.append((rel, p.read_text(encoding="utf-8")))
+        if EXCLUDE_DIRS.intersection(rel.split("/")[:-1]):
+            continue
+        text = p.read_text(encoding="utf-8")
+        if not CHARMAP_TABLE.search(text):
+            files.append((rel, text))
     files.sort()
     train, heldout = [], []
     for rel, text in files:
@@ -74,9 +86,11 @@ def load_corpus():
 
 
 def train_tokenizer(texts):
-    """Byte-level BPE (GPT-2 style): lossless for any source text."""
+    """Byte-level BPE: lossless for any source text."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()  # mlx_lm picks its BPE streaming detokenizer
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB, min_frequency=2, special_tokens=SPECIALS,
@@ -147,9 +161,9 @@ def save(out, tok, model, args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "tiny")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=50)
@@ -214,7 +228,8 @@ def main(argv=None):
     train_s = time.perf_counter() - t_train
 
     held = evaluate(model, held_w, 32)
-    sample = train_w[np.random.default_rng(SEED + 1).choice(len(train_w), len(held_w), replace=False)]
+    pick = np.random.default_rng(SEED + 1).choice(len(train_w), len(held_w), replace=False)
+    sample = train_w[pick]
     train_eval = evaluate(model, sample, 32)
     print(f"train loss (last 50 steps) {np.mean(recent[-50:]):.4f}; train eval {train_eval:.4f}; "
           f"held-out loss {held:.4f} (ppl {math.exp(held):.2f}); training {train_s:.0f}s")

@@ -7,19 +7,28 @@ running row stalls at most one chunk. This scheduler owns everything around
 it: FIFO head-of-line admission under the KV byte budget, per-row samplers
 (seeded rows with private random streams), cancellation between steps,
 per-row failure containment, and the counters behind /stats.
+
+A request that arrives to an idle engine runs *solo* (`runner.Decoder`,
+generate_step's arithmetic, no batch padding or masks: as fast as mlx-lm's
+serial path). When a second request can be admitted, the solo row hands its
+cache, history and sampler to the BatchGenerator and both continue batched.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from mlx_lm.generate import BatchGenerator
 
 from appliance.engine.budget import Budget
+from appliance.engine.runner import Decoder
 from appliance.engine.sampling import make_processors, make_sampler
 from appliance.engine.scheduler import Counters, RowState, finish, safe_deliver, token_event
 from appliance.engine.types import FinishReason
+
+PREFILL_ROWS = 1  # prompts prefilled together (see _new_generator)
 
 
 @dataclass
@@ -38,12 +47,16 @@ class ContinuousScheduler:
         self.counters = Counters()
         self._waiting: deque = deque()
         self._rows: dict[int, Row] = {}  # BatchGenerator uid -> row
+        self._solo: tuple[Row, Decoder] | None = None  # a lone row, decoded unbatched
         self._gen = self._new_generator()
 
     def _new_generator(self) -> BatchGenerator:
+        # One prompt prefills at a time (prefill_batch_size=1), head of line: a step is one
+        # decode pass plus at most `prefill_chunk` prompt tokens, so running rows stall at
+        # most one chunk and the oldest arrival gets its first token first.
         return BatchGenerator(
             self.model, stop_tokens=[[t] for t in sorted(self.eos_ids)],
-            completion_batch_size=self.max_rows, prefill_batch_size=min(8, self.max_rows),
+            completion_batch_size=self.max_rows, prefill_batch_size=PREFILL_ROWS,
             prefill_step_size=self.prefill_chunk, stream=self.stream)
 
     # -- the Scheduler interface ------------------------------------------------
@@ -52,32 +65,46 @@ class ContinuousScheduler:
         self._waiting.append(handle)
 
     def has_work(self) -> bool:
-        return bool(self._waiting) or bool(self._rows)
+        return bool(self._waiting) or bool(self._rows) or self._solo is not None
 
     def active_rows(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + (self._solo is not None)
 
     def pending_rows(self) -> int:
         return len(self._waiting)
 
     def step(self) -> None:
         self._reap_cancelled()
+        if self._solo is not None and self._head_fits():
+            self._hand_over()  # a second row can join: continue batched
+        if not self._rows and self._solo is None and len(self._waiting) == 1:
+            self._start_solo()
+        if self._solo is not None:
+            return self._solo_step()
         self._admit()
         if not self._rows:
             return
+        prefilling = any(r.state is RowState.PREFILL for r in self._rows.values())
+        t = time.perf_counter()
         try:
-            with self._gen.stats() as st:
-                _, responses = self._gen.next()
+            _, responses = self._gen.next()
         except Exception as e:  # a failed forward fails the rows in flight, not the server
             self._fail_all(f"{type(e).__name__}: {e}")
             return
-        self.counters.prefill_seconds += st.prompt_time
-        self.counters.decode_seconds += st.decode_time
+        # A step that carries a prefill chunk counts as prefill time (it is what delays
+        # first tokens); pure decode steps count as decode time.
+        dt = time.perf_counter() - t
+        if prefilling:
+            self.counters.prefill_seconds += dt
+        else:
+            self.counters.decode_seconds += dt
         for r in responses:
             self._on_token(r)
         self.counters.kv_bytes = self._gen.prompt_cache_nbytes
 
     def abort_all(self) -> None:
+        if self._solo is not None:
+            self._end_solo(FinishReason.CANCELLED)
         for uid in list(self._rows):
             self._end(uid, FinishReason.CANCELLED)
         while self._waiting:
@@ -86,10 +113,88 @@ class ContinuousScheduler:
 
     def check_integrity(self) -> None:
         c = self.counters
-        assert c.submitted - c.finished == len(self._waiting) + len(self._rows)
-        assert len(self._rows) <= self.max_rows
-        assert set(self.budget._held) == {r.handle.id for r in self._rows.values()}
+        assert c.submitted - c.finished == len(self._waiting) + self.active_rows()
+        assert self.active_rows() <= self.max_rows
+        assert self._solo is None or not self._rows, "a solo row never runs beside a batch"
+        live = [r.handle.id for r in self._rows.values()]
+        live += [self._solo[0].handle.id] if self._solo else []
+        assert set(self.budget._held) == set(live)
         self.budget.check_integrity()
+
+    # -- the solo row ------------------------------------------------------------
+    def _head_fits(self) -> bool:
+        """Whether the first waiting request could be admitted next to the running rows."""
+        if not self._waiting or self.active_rows() >= self.max_rows:
+            return False
+        r = self._waiting[0].request
+        return self.budget.reserved + self.budget.cost(len(r.prompt), r.max_tokens) \
+            <= self.budget.budget
+
+    def _start_solo(self) -> None:
+        h = self._waiting[0]
+        r = h.request
+        if h.cancelled or not self.budget.try_admit(h.id, len(r.prompt), r.max_tokens):
+            return self._admit()  # the usual path refuses or waits
+        self._waiting.popleft()
+        t = time.perf_counter()
+        try:
+            decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk)
+        except Exception as e:  # e.g. an empty prompt: this request only
+            self.budget.release(h.id)
+            self.counters.finished += 1
+            return finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
+        self.counters.prefill_seconds += time.perf_counter() - t
+        self._solo = (Row(h, RowState.DECODE), decoder)
+
+    def _solo_step(self) -> None:
+        row, d = self._solo
+        max_tokens = row.handle.request.max_tokens
+        t = time.perf_counter()
+        try:
+            tok, logprobs = d.next(last=row.generated + 1 == max_tokens)
+        except Exception as e:
+            return self._end_solo(FinishReason.ERROR, f"{type(e).__name__}: {e}")
+        finally:
+            self.counters.decode_seconds += time.perf_counter() - t
+        if tok in self.eos_ids:
+            return self._end_solo(FinishReason.STOP)
+        if not self._emit(row, tok, logprobs):
+            return self._end_solo(FinishReason.CANCELLED)
+        if row.generated == max_tokens:
+            self._end_solo(FinishReason.LENGTH)
+
+    def _hand_over(self) -> None:
+        """Move the solo row into the BatchGenerator: its pending token (already sampled)
+        is emitted here, then fed as the row's one-token prompt over the solo cache."""
+        row, d = self._solo
+        self._solo = None
+        remaining = row.handle.request.max_tokens - row.generated
+        tok, logprobs = d.pending.item(), d.pending_logprobs
+        if tok in self.eos_ids:
+            return self._end_row(row, FinishReason.STOP)
+        if not self._emit(row, tok, logprobs):
+            return self._end_row(row, FinishReason.CANCELLED)
+        if remaining == 1:
+            return self._end_row(row, FinishReason.LENGTH)
+        (uid,) = self._gen.insert([[tok]], max_tokens=[remaining - 1], caches=[d.cache],
+                                  all_tokens=[d.history], samplers=[d.sampler],
+                                  logits_processors=[d.processors])
+        self._rows[uid] = row
+
+    def _end_solo(self, reason: FinishReason, error: str | None = None) -> None:
+        row, _ = self._solo
+        self._solo = None
+        self._end_row(row, reason, error)
+
+    def _end_row(self, row: Row, reason: FinishReason, error: str | None = None) -> None:
+        self.budget.release(row.handle.id)
+        self.counters.finished += 1
+        finish(row.handle, reason, row.generated, error)
+
+    def _emit(self, row: Row, tok: int, logprobs) -> bool:
+        row.generated += 1
+        self.counters.tokens_generated += 1
+        return safe_deliver(row.handle, token_event(tok, logprobs, row.handle.request.logprobs))
 
     # -- internals ---------------------------------------------------------------
     def _admit(self) -> None:
@@ -123,15 +228,14 @@ class ContinuousScheduler:
         row.state = RowState.DECODE
         if r.finish_reason == "stop":  # stop_tokens are the EOS ids: never delivered
             return self._end(r.uid, FinishReason.STOP, removed=True)
-        row.generated += 1
-        self.counters.tokens_generated += 1
-        if not safe_deliver(row.handle, token_event(r.token, r.logprobs,
-                                                    row.handle.request.logprobs)):
+        if not self._emit(row, r.token, r.logprobs):
             return self._end(r.uid, FinishReason.CANCELLED, removed=r.finish_reason is not None)
         if r.finish_reason == "length":
             self._end(r.uid, FinishReason.LENGTH, removed=True)
 
     def _reap_cancelled(self) -> None:
+        if self._solo is not None and self._solo[0].handle.cancelled:
+            self._end_solo(FinishReason.CANCELLED)
         for uid in [u for u, row in self._rows.items() if row.handle.cancelled]:
             self._end(uid, FinishReason.CANCELLED)
 
@@ -141,15 +245,11 @@ class ContinuousScheduler:
         row = self._rows.pop(uid)
         if not removed:
             self._gen.remove([uid])
-        self.budget.release(row.handle.id)
-        self.counters.finished += 1
-        finish(row.handle, reason, row.generated, error)
+        self._end_row(row, reason, error)
 
     def _fail_all(self, error: str) -> None:
         rows, self._rows = self._rows, {}
         for row in rows.values():
-            self.budget.release(row.handle.id)
-            self.counters.finished += 1
-            finish(row.handle, FinishReason.ERROR, row.generated, error)
+            self._end_row(row, FinishReason.ERROR, error)
         self._gen.close()
         self._gen = self._new_generator()  # its state is unknown after a failed step

@@ -25,50 +25,65 @@ def load(path: str, dtype: str, revision: str | None = None):
     return model, tokenizer
 
 
-def generate(model, prompt: list[int], max_tokens: int, sampling: SamplingParams,
-             prefill_chunk: int) -> Iterator[tuple[int, mx.array]]:
-    """(token id, log-probabilities) for one request, as mlx_lm's generate_step computes them.
+class Decoder:
+    """One row decoded alone, exactly as mlx_lm.generate.generate_step does it.
 
     Same prefill chunking (all but the last prompt token, `prefill_chunk` at a
     time), same sampler and processor calls in the same order, and the same
     one-step pipelining (step t+1 is queued before token t is read), so the
-    tokens are identical to mlx-lm's for the same settings and seed (a seeded
-    row's private key stream equals mlx-lm's `mx.random.seed` stream).
+    tokens equal mlx-lm's for the same settings and seed (a seeded row's private
+    key stream equals mlx-lm's `mx.random.seed` stream). Its state (`cache`, the
+    sampled-but-unread `pending` token, `history`) can be handed to a batch.
     """
-    from mlx_lm.models.cache import make_prompt_cache
 
-    sampler, processors = make_sampler(sampling), make_processors(sampling)
-    cache = make_prompt_cache(model)
-    seen = None  # tokens the processors look back over
+    def __init__(self, model, prompt: list[int], sampling: SamplingParams, prefill_chunk: int):
+        from mlx_lm.models.cache import make_prompt_cache
 
-    def step(inp: mx.array):
-        nonlocal seen
-        logits = model(inp[None], cache=cache)[:, -1, :]
-        if processors:
-            seen = inp if seen is None else mx.concat([seen, inp])
-            for p in processors:
-                logits = p(seen, logits)
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        return sampler(logprobs), logprobs.squeeze(0)
-
-    rest = mx.array(prompt)
-    while rest.size > 1:
-        n = min(prefill_chunk, rest.size - 1)
-        model(rest[:n][None], cache=cache)
-        mx.eval([c.state for c in cache])
-        if processors:
-            seen = rest[:n] if seen is None else mx.concat([seen, rest[:n]])
-        rest = rest[n:]
-        mx.clear_cache()
-
-    y, logprobs = step(rest)
-    mx.async_eval(y, logprobs)
-    for n in range(max_tokens):
-        if n + 1 < max_tokens:  # queue the next step before reading this token
-            next_y, next_logprobs = step(y)
-            mx.async_eval(next_y, next_logprobs)
-        yield y.item(), logprobs
-        if n % 256 == 0:
+        self.model = model
+        self.sampler, self.processors = make_sampler(sampling), make_processors(sampling)
+        self.cache = make_prompt_cache(model)
+        self.history = list(prompt)  # every token fed to the cache so far, in order
+        self._seen = None  # the same tokens as an mx.array, for the processors
+        rest = mx.array(prompt)
+        while rest.size > 1:
+            n = min(prefill_chunk, rest.size - 1)
+            model(rest[:n][None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            if self.processors:
+                self._seen = rest[:n] if self._seen is None else mx.concat([self._seen, rest[:n]])
+            rest = rest[n:]
             mx.clear_cache()
-        if n + 1 < max_tokens:
-            y, logprobs = next_y, next_logprobs
+        self.pending, self.pending_logprobs = self._step(rest)
+        mx.async_eval(self.pending, self.pending_logprobs)
+        self.emitted = 0
+
+    def _step(self, inp: mx.array):
+        logits = self.model(inp[None], cache=self.cache)[:, -1, :]
+        if self.processors:
+            self._seen = inp if self._seen is None else mx.concat([self._seen, inp])
+            for p in self.processors:
+                logits = p(self._seen, logits)
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        return self.sampler(logprobs), logprobs.squeeze(0)
+
+    def next(self, last: bool = False) -> tuple[int, mx.array]:
+        """Read the pending token; unless it is the `last`, queue the step after it first."""
+        y, logprobs = self.pending, self.pending_logprobs
+        if not last:
+            self.pending, self.pending_logprobs = self._step(y)
+            mx.async_eval(self.pending, self.pending_logprobs)
+        tok = y.item()
+        if not last:
+            self.history.append(tok)  # fed to the cache by the step just queued
+        if self.emitted % 256 == 0:
+            mx.clear_cache()
+        self.emitted += 1
+        return tok, logprobs
+
+
+def generate(model, prompt: list[int], max_tokens: int, sampling: SamplingParams,
+             prefill_chunk: int) -> Iterator[tuple[int, mx.array]]:
+    """(token id, log-probabilities) for one request, as mlx_lm's generate_step yields them."""
+    d = Decoder(model, prompt, sampling, prefill_chunk)
+    for n in range(max_tokens):
+        yield d.next(last=n + 1 == max_tokens)

@@ -95,19 +95,25 @@ def lazy_model(config: dict):
 
 
 def _tokenizer_json(vocab_size: int) -> dict:
-    """A byte-level BPE whose ids cover 0..vocab_size-1: 256 bytes, merges, 3 specials."""
+    """A byte-level BPE whose ids cover 0..vocab_size-1: 256 bytes, merges, 3 specials.
+
+    Merged tokens are made of printable ASCII only, so the text a random-weight
+    model streams is valid UTF-8 token by token (like a real model's), not
+    fragments a detokenizer must hold back.
+    """
     from tokenizers import pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    printable = [chr(c) for c in range(0x21, 0x7F)] + ["\u0120"]  # \u0120: byte-level space
     n_merges = vocab_size - len(alphabet) - len(SPECIAL)
     vocab = {c: i for i, c in enumerate(alphabet)}
-    merges, pairs = [], [a + b for a in alphabet for b in alphabet]
-    for i in range(n_merges):  # all byte pairs first, then pair + byte
+    merges, pairs = [], [(a, b) for a in printable for b in printable]
+    for i in range(n_merges):  # printable pairs first, then pair + printable
         if i < len(pairs):
-            left, right = pairs[i][0], pairs[i][1]
+            left, right = pairs[i]
         else:
             j = i - len(pairs)
-            left, right = pairs[j // len(alphabet)], alphabet[j % len(alphabet)]
+            left, right = "".join(pairs[j // len(printable)]), printable[j % len(printable)]
         merges.append([left, right])
         vocab[left + right] = len(vocab)
     added = [{"id": len(vocab) + k, "content": t, "single_word": False, "lstrip": False,

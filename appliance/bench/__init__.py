@@ -1,0 +1,135 @@
+"""mode=bench: measure the plan's engine on a labelled workload, against mlx-lm's own.
+
+    appliance mode=bench                              fleet against this plan (in-process server)
+    appliance mode=bench bench.target=mlx_lm          the same fleet against mlx_lm.server
+    appliance mode=bench bench.target=http://host:port   ... against a running server
+    appliance mode=bench bench=decode [bench.target=mlx_lm]   B=1 decode speed
+    appliance -m mode=bench batch.max_rows=1,4,8      one bench.json per sweep cell
+
+`run()` prints a table and one `BENCH ...` line, and writes `<outdir>/bench.json`
+(results + label). Modules: prompts (corpus text sized in model tokens), client
+(streamed requests, the fleet), targets (servers), decode, stats, report.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from appliance.plan import ExecutionPlan, PlanError
+
+WORKLOADS = ("fleet", "decode")
+
+
+def _target_kind(target: str) -> str:
+    if target in ("self", "mlx_lm"):
+        return target
+    return "url" if target.startswith(("http://", "https://")) else ""
+
+
+# (field, smallest valid value): below it a run measures nothing or cannot be timed.
+_MINIMUMS = (("clients", 1), ("requests_per_client", 1), ("system_tokens", 0),
+             ("user_tokens", 1), ("max_tokens", 1), ("warmup", 0), ("stagger_s", 0),
+             ("jitter_s", 0), ("decode_tokens", 2), ("repeats", 1))
+
+
+def check(cfg) -> list[str]:
+    """Every problem with these bench settings, one sentence each (empty: runnable)."""
+    problems = []
+    if cfg.workload not in WORKLOADS:
+        problems.append(f"bench.workload={cfg.workload!r} is not supported; valid choices: "
+                        f"{', '.join(WORKLOADS)}")
+    kind = _target_kind(str(cfg.target))
+    if not kind:
+        problems.append(f"bench.target={cfg.target!r} is not supported; valid choices: self, "
+                        "mlx_lm, or a server URL (http://host:port)")
+    if cfg.workload == "decode" and kind == "url":
+        problems.append("bench=decode runs in-process: bench.target must be self or mlx_lm")
+    for name, least in _MINIMUMS:
+        if getattr(cfg, name) < least:
+            problems.append(f"bench.{name}={getattr(cfg, name)} must be >= {least}")
+    return problems
+
+
+def run(plan: ExecutionPlan, cfg, outdir: Path, overrides: tuple[str, ...] = ()) -> dict:
+    """Run the workload `cfg` (a BenchConfig) describes; print it; write outdir/bench.json.
+
+    `overrides` are the command line's: target=self serves the plan they make in its
+    own process (checked by fingerprint).
+
+    Raises PlanError (every problem listed) before starting anything if `check(cfg)` fails.
+    """
+    # httpx logs every request at INFO: hundreds of lines around the one table that matters.
+    httpx_log = logging.getLogger("httpx")
+    level = httpx_log.level
+    httpx_log.setLevel(logging.WARNING)
+    try:
+        return _run(plan, cfg, Path(outdir), list(overrides))
+    finally:
+        httpx_log.setLevel(level)
+
+
+def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
+    from appliance.bench import report
+    from appliance.bench.prompts import load_tokenizer, model_dir
+
+    if problems := check(cfg):
+        raise PlanError(problems)
+    kind = _target_kind(cfg.target)
+    path = model_dir(plan)
+    tokenizer = load_tokenizer(path)
+    doc = {"label": report.label(plan, cfg), "workload": cfg.workload}
+    if cfg.workload == "decode":
+        from appliance.bench.decode import run_decode
+
+        doc["target"] = {"kind": kind, "model": str(path)}
+        doc["result"] = run_decode(plan, cfg, path, tokenizer, kind)
+        text, line = report.decode_text, report.decode_line
+    else:
+        doc.update(_fleet(plan, cfg, kind, path, tokenizer, outdir, overrides))
+        text, line = report.fleet_text, report.fleet_line
+    out = report.write(outdir, doc)
+    print(text(doc))
+    print(line(doc, out), flush=True)
+    return doc
+
+
+def _fleet(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir: Path,
+           overrides: list[str]) -> dict:
+    """Start the target, run the fleet against it, stop the target."""
+    from appliance.bench import targets
+    from appliance.bench.client import Endpoint, FleetSpec, run_fleet
+    from appliance.bench.prompts import eos_bias, fleet_prompts
+    from appliance.bench.stats import request_record, summarize_fleet
+
+    spec = FleetSpec(cfg.clients, cfg.requests_per_client, cfg.max_tokens, cfg.stagger_s,
+                     cfg.jitter_s, cfg.seed, cfg.warmup)
+    prompts = fleet_prompts(tokenizer, cfg.system_tokens, cfg.user_tokens,
+                            cfg.warmup + cfg.clients * cfg.requests_per_client)
+    bias = eos_bias(tokenizer)
+
+    def go(ep: Endpoint):
+        return run_fleet(ep, spec, prompts.system, prompts.users)
+
+    if kind == "self":
+        with targets.appliance_process(plan, overrides, outdir / "appliance.log") as url:
+            info = {"kind": "self", "url": url, "model": plan.model.id}
+            results, admitted, t0 = go(Endpoint(url, plan.model.id, bias, poll_stats=True))
+    elif kind == "mlx_lm":
+        served, exported = targets.served_model_dir(plan, path)
+        with targets.mlx_lm_server(plan, served, outdir / "mlx_lm_server.log",
+                                   cfg.mlx_lm_args) as info:
+            # mlx_lm.server keeps its prompt (prefix) cache on by default; its usage reports
+            # the cached prompt tokens, shown in the table as "prompt tok (cached)".
+            info["dtype_export"] = exported
+            results, admitted, t0 = go(Endpoint(info["url"], info["model"], bias,
+                                                poll_stats=False))
+    else:
+        # The EOS ban uses the local plan's tokenizer: the server should serve that model.
+        info = targets.remote_info(cfg.target)
+        results, admitted, t0 = go(Endpoint(info["url"], info["model"], bias, poll_stats=True))
+    return {"target": info, "summary": summarize_fleet(results, admitted),
+            "requests": [request_record(r, t0) for r in results]}
+
+
+__all__ = ["check", "run"]

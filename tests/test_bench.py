@@ -1,0 +1,128 @@
+"""mode=bench: the harness's arithmetic, a tiny fleet against this plan, and the CLI.
+
+Speed is never asserted (ARCHITECTURE.md): only structure and token counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance.bench.stats import (
+    RequestResult,
+    aggregate_tps,
+    median,
+    percentile,
+    summarize_fleet,
+)
+from appliance.config.schema import BenchConfig
+
+TINY_FLEET = dict(clients=3, system_tokens=64, user_tokens=16, max_tokens=8, stagger_s=0.05,
+                  jitter_s=0.02, warmup=0)
+
+
+def test_percentile_and_median_on_fixed_numbers():
+    xs = [10.0, 1.0, 9.0, 2.0, 8.0, 3.0, 7.0, 4.0, 6.0, 5.0]  # unsorted on purpose
+    assert percentile(xs, 50) == pytest.approx(5.5)
+    assert percentile(xs, 95) == pytest.approx(9.55)  # numpy's linear rule
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 10.0
+    assert median([3.0]) == 3.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_aggregation_on_fixed_requests():
+    a = RequestResult(0, 0, start=0.0, first_token=0.5, last_token=1.5, end=1.5,
+                      completion_tokens=11, prompt_tokens=100, usage_reported=True)
+    b = RequestResult(1, 0, start=1.0, first_token=1.2, last_token=3.0, end=3.0,
+                      completion_tokens=19, prompt_tokens=100, usage_reported=True)
+    bad = RequestResult(2, 0, start=0.2, error="HTTP 429: queue full")
+    assert a.ttft == pytest.approx(0.5)
+    assert a.decode_tps() == pytest.approx(10 / 1.0)
+    assert b.decode_tps() == pytest.approx(18 / 1.8)
+    # (11 + 19) tokens over first start 0.0 .. last end 3.0; the failed request is left out
+    assert aggregate_tps([a, b, bad]) == pytest.approx(10.0)
+    s = summarize_fleet([a, b, bad], admitted_rows=2)
+    assert (s["requests"], s["completed"], s["errors"]) == (3, 2, 1)
+    assert s["ttft_ms_p50"] == pytest.approx(350.0)
+    assert s["ttft_ms_p95"] == pytest.approx(485.0)
+    assert s["aggregate_tok_s"] == pytest.approx(10.0)
+    assert s["request_decode_tok_s_median"] == pytest.approx(10.0)
+    assert s["completion_tokens"] == 30 and s["wall_s"] == pytest.approx(3.0)
+    assert s["admitted_rows"] == 2 and s["prompt_tokens_mean"] == 100
+
+
+def test_fleet_against_self(plan, tmp_path):
+    from appliance.bench import run
+
+    cfg = BenchConfig(**TINY_FLEET)
+    doc = run(plan, cfg, tmp_path)
+    on_disk = json.loads((tmp_path / "bench.json").read_text())
+    assert on_disk == json.loads(json.dumps(doc))
+    label = on_disk["label"]
+    assert label["fingerprint"] == plan.fingerprint
+    assert label["machine"]["backend"] == plan.machine.backend
+    assert label["model"]["parameters"] == plan.model.parameters
+    assert set(label["versions"]) >= {"mlx", "mlx-lm"} and label["versions"]["mlx"]
+    assert label["batch"] == {"mode": plan.batch.mode, "max_rows": plan.batch.max_rows,
+                              "prefill_chunk": plan.batch.prefill_chunk}
+    assert label["bench"]["clients"] == 3 and label["bench"]["max_tokens"] == 8
+    assert on_disk["target"]["kind"] == "self"
+
+    reqs, s = on_disk["requests"], on_disk["summary"]
+    assert len(reqs) == 3 and s["requests"] == 3 and s["errors"] == 0
+    assert sorted(r["client"] for r in reqs) == [0, 1, 2]
+    for r in reqs:
+        assert r["error"] is None and r["usage_reported"]
+        assert r["completion_tokens"] == 8  # EOS banned: every request runs to max_tokens
+        assert r["ttft_ms"] > 0 and r["end_s"] > r["start_s"]
+        assert r["prompt_tokens"] > 64 + 16 - 8  # ~system + ~user + chat template
+    assert len({r["start_s"] for r in reqs}) == 3
+    assert 0 < s["ttft_ms_p50"] <= s["ttft_ms_p95"]
+    assert s["aggregate_tok_s"] > 0 and s["completion_tokens"] == 24
+    assert 1 <= s["admitted_rows"] <= 3
+
+
+def test_decode_against_self(plan, tmp_path):
+    from appliance.bench import run
+
+    doc = run(plan, BenchConfig(workload="decode", decode_tokens=8, repeats=1), tmp_path)
+    names = [c["name"] for c in doc["result"]["contenders"]]
+    assert names == ["mlx_lm stream_generate", "appliance engine", "appliance http"]
+    for c in doc["result"]["contenders"]:
+        assert len(c["runs"]) == 1 and c["tok_s_median"] > 0
+    assert doc["result"]["contenders"][0]["ratio_to_mlx_lm"] == 1.0
+    assert (tmp_path / "bench.json").is_file()
+
+
+def test_bench_refuses_bad_settings_listing_every_problem(plan, tmp_path):
+    from appliance.bench import check, run
+    from appliance.plan import PlanError
+
+    assert check(BenchConfig()) == [] and check(BenchConfig(target="http://h:1")) == []
+    with pytest.raises(PlanError) as e:
+        run(plan, BenchConfig(workload="nope", target="vllm", clients=0), tmp_path)
+    text = e.value.render()
+    assert "valid choices: fleet, decode" in text and "valid choices: self, mlx_lm" in text
+    assert "bench.clients=0 must be >= 1" in text and len(e.value.problems) == 3
+    assert "self or mlx_lm" in " ".join(check(BenchConfig(workload="decode",
+                                                          target="http://127.0.0.1:1")))
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_cli_writes_bench_json(tmp_path):
+    cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "bench.clients=2",
+           "bench.system_tokens=32", "bench.user_tokens=8", "bench.max_tokens=4",
+           "bench.warmup=0", "bench.stagger_s=0.02", "bench.jitter_s=0"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    files = list(Path(tmp_path, "bench").glob("*/bench.json"))
+    assert len(files) == 1, r.stdout
+    doc = json.loads(files[0].read_text())
+    assert doc["summary"]["requests"] == 2 and doc["summary"]["errors"] == 0
+    assert all(q["completion_tokens"] == 4 for q in doc["requests"])
+    assert "BENCH fleet target=self" in r.stdout
