@@ -32,6 +32,19 @@ def resolve_overrides(overrides: list[str] | None = None):
     return resolve(compose(overrides), profiles=_profiles(overrides))
 
 
+def golden(name: str) -> dict:
+    """goldens/<this backend>/<name>.json; skip (not fail) where no layer exists for it yet."""
+    import json
+
+    from appliance import oracle
+
+    path = oracle.golden_path(name)
+    if not path.exists():
+        pytest.skip(f"no goldens for backend {oracle.backend()!r}: run `just goldens`",
+                    allow_module_level=True)
+    return json.loads(path.read_text())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

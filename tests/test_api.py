@@ -8,10 +8,9 @@ import time
 import httpx
 import openai
 import pytest
+from conftest import golden
 
-from appliance import oracle
-
-GOLDEN = json.loads(oracle.golden_path("tiny").read_text())
+GOLDEN = golden("tiny")
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 
 import httpx
 import openai
 import pytest
-from conftest import app_for
+from conftest import app_for, golden
 
 from appliance import oracle
 
@@ -19,8 +18,8 @@ def test_concurrent_clients_match_batch_generator(server, plan, engine):
     """B=4 concurrent openai clients, compared token for token with BatchGenerator's
     static B=4 schedule (the rows' outputs do not depend on arrival order here: each
     row's tokens are checked against the golden of its own prompt)."""
-    golden = json.loads(oracle.golden_path("batch-tiny").read_text())
-    prompts, want = golden["prompts"], golden["schedules"]["static-4"]["tokens"]
+    gold = golden("batch-tiny")
+    prompts, want = gold["prompts"], gold["schedules"]["static-4"]["tokens"]
     client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0)
 
     async def one(r):

@@ -7,9 +7,8 @@ against goldens/<backend>/batch-*.json and against a live BatchGenerator run.
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from conftest import golden
 from harness import Collector, drive
 
 from appliance import oracle
@@ -22,8 +21,7 @@ from appliance.engine.continuous import ContinuousScheduler
 def loaded(request):
     name = request.param
     model, tok = oracle.load(oracle.model_path(name), "float32")
-    golden = json.loads(oracle.golden_path(f"batch-{name}").read_text())
-    return name, model, tok, golden
+    return name, model, tok, golden(f"batch-{name}")
 
 
 def _scheduler(model, tok, max_rows):

@@ -179,3 +179,24 @@ def test_a_lone_row_runs_solo_then_hands_over_to_the_batch(tiny):
         logits_processors=make_logits_processors(repetition_penalty=1.2))]
     assert rows["a"].tokens == want_a[:len(rows["a"].tokens)] and len(rows["a"].tokens) > 5
     assert rows["b"].tokens == oracle.generate(model, tok, pb, 10, {})
+
+
+@pytest.mark.parametrize("shape", ["tiny-gemma3", "tiny-qwen3-next"])
+def test_solo_hand_over_with_sliding_and_recurrent_layers(shape):
+    """The solo row's RotatingKVCache / ArraysCache state merges into the batch; prompts
+    longer than the 16-token window make the sliding layers wrap first."""
+    model, tok = oracle.load(oracle.model_path(shape), "float32")
+    s = ContinuousScheduler(model, set(tok.eos_token_ids), 4, 32,
+                            Budget(1 << 40, KVShape(1, 0, 0, 0)))
+    prompts = oracle.batch_prompts(tok)
+    rows = {"a": Collector(GenerationRequest(prompts["b"], 24)),
+            "b": Collector(GenerationRequest(prompts["a"], 8))}
+    s.add(rows["a"])
+    for _ in range(6):
+        s.step()
+    assert s._solo is not None
+    drive(s, [(0, "insert", "b")], rows)
+    for c in rows.values():
+        assert c.finished.reason in (FinishReason.LENGTH, FinishReason.STOP), c.finished
+        want = oracle.generate(model, tok, c.request.prompt, c.request.max_tokens, {})
+        assert c.tokens == want  # batched == serial on this backend at these sizes

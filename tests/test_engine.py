@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import run_engine
+from conftest import golden, run_engine
 
 from appliance import oracle
 from appliance.engine import FinishReason, GenerationRequest, SamplingParams
 
-GOLDEN = json.loads(oracle.golden_path("tiny").read_text())
+GOLDEN = golden("tiny")
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 
 

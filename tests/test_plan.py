@@ -16,8 +16,9 @@ def test_plan_is_frozen_and_describes_the_embedded_model(plan):
     m = plan.model
     assert m.architecture == "qwen3" and m.source == "tiny"
     assert set(m.layer_kinds) == {"full"}
-    assert m.checkpoint_dtype == "bfloat16" and m.dtype == "float32"
-    assert m.weight_bytes > m.weight_bytes_on_disk  # bf16 on disk, cast to fp32 in memory
+    assert m.checkpoint_dtype == "bfloat16" and m.dtype == "bfloat16"  # served as stored
+    fp32 = resolve_overrides(["model.dtype=float32"]).model
+    assert fp32.weight_bytes > 1.9 * m.weight_bytes  # cast to float32 in memory
     assert 4e6 <= m.parameters <= 8e6
     assert plan.memory.kv_budget_bytes == plan.memory.usable_bytes - m.weight_bytes
 
@@ -26,7 +27,7 @@ def test_fingerprint_tracks_exactly_the_output_fields():
     base = resolve_overrides([])
     assert resolve_overrides(["server.port=9999"]).fingerprint == base.fingerprint
     assert resolve_overrides(["+profile=m4-pro"]).fingerprint == base.fingerprint
-    assert resolve_overrides(["model.dtype=bfloat16"]).fingerprint != base.fingerprint
+    assert resolve_overrides(["model.dtype=float32"]).fingerprint != base.fingerprint
 
 
 @pytest.mark.parametrize("shape,kinds", [
@@ -125,3 +126,15 @@ def test_synthetic_shapes_plan_without_building(shape, kinds):
 def test_synthetic_bad_shape_lists_the_valid_ones():
     with pytest.raises(PlanError, match="valid choices: llama-3.2-1b, qwen3-0.6b, llama-3-8b"):
         resolve_overrides(["model=synthetic", "model.shape=gpt-5", "model.bits=3"])
+
+
+def test_fingerprint_sees_different_weights_of_one_shape():
+    """Same config.json, same file size, other weights: another fingerprint (prefix caches
+    and exported copies are keyed by it)."""
+    from appliance.models import ensure
+
+    a = resolve_overrides(["model=local", f"model.path={ensure('tiny-llama', 'float32', None, 0)}"])
+    b = resolve_overrides(["model=local", f"model.path={ensure('tiny-llama', 'float32', None, 1)}"])
+    assert a.model.config_sha256 == b.model.config_sha256
+    assert a.model.weight_bytes_on_disk == b.model.weight_bytes_on_disk
+    assert a.fingerprint != b.fingerprint

@@ -83,7 +83,7 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
         from appliance.bench.decode import run_decode
 
         doc["target"] = {"kind": kind, "model": str(path)}
-        doc["result"] = run_decode(plan, cfg, path, tokenizer, kind)
+        doc["result"] = run_decode(plan, cfg, path, tokenizer, kind, overrides, outdir)
         text, line = report.decode_text, report.decode_line
     else:
         doc.update(_fleet(plan, cfg, kind, path, tokenizer, outdir, overrides))

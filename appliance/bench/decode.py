@@ -22,7 +22,7 @@ import httpx
 from appliance.bench.client import TIMEOUT, stream_request
 from appliance.bench.prompts import DECODE_PROMPT, eos_bias
 from appliance.bench.stats import RequestResult, median
-from appliance.bench.targets import serve_in_thread
+from appliance.bench.targets import appliance_process
 from appliance.plan import ExecutionPlan
 
 
@@ -103,7 +103,8 @@ def _http_runs(url: str, model_id: str, tokenizer, n: int, repeats: int) -> dict
     return {"name": "appliance http", "runs": asyncio.run(all_runs())}
 
 
-def run_decode(plan: ExecutionPlan, cfg, path: Path, tokenizer, target: str) -> dict:
+def run_decode(plan: ExecutionPlan, cfg, path: Path, tokenizer, target: str,
+               overrides: list[str], outdir: Path) -> dict:
     """All contenders the target allows; each with its median and its ratio to mlx-lm."""
     prompt = list(tokenizer.encode(DECODE_PROMPT))  # as /v1/completions tokenizes it
     n, repeats = cfg.decode_tokens, max(1, cfg.repeats)
@@ -114,10 +115,12 @@ def run_decode(plan: ExecutionPlan, cfg, path: Path, tokenizer, target: str) -> 
         engine = build_engine(plan)
         try:
             contenders.append(_engine_runs(engine, prompt, n, repeats))
-            with serve_in_thread(plan, engine) as url:
-                contenders.append(_http_runs(url, plan.model.id, tokenizer, n, repeats))
         finally:
             engine.stop()
+        # over HTTP the server runs in its own process, as a deployed appliance does: an
+        # in-process client would share the GIL with the engine thread
+        with appliance_process(plan, overrides, outdir / "appliance.log") as url:
+            contenders.append(_http_runs(url, plan.model.id, tokenizer, n, repeats))
     anchor = median(contenders[0]["runs"])
     for c in contenders:
         c["tok_s_median"] = round(median(c["runs"]), 2)

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,30 +28,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serve_in_thread(plan: ExecutionPlan, engine) -> Iterator[str]:
-    """The real app on a real socket (uvicorn in a daemon thread); yields the base URL."""
-    import uvicorn
-
-    from appliance.api import create_app
-
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(plan, engine), host="127.0.0.1", port=port,
-                                        log_level="warning"))
-    t = threading.Thread(target=srv.run, name="bench-uvicorn", daemon=True)
-    t.start()
-    deadline = time.time() + 30
-    while not srv.started:
-        if not t.is_alive() or time.time() > deadline:
-            raise RuntimeError(f"the appliance server did not start on port {port}")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        t.join(timeout=30)
 
 
 _NOT_FOR_THE_SERVER = ("mode", "bench", "hydra", "server.port", "server.host", "server.log_level")
@@ -99,21 +74,6 @@ def appliance_process(plan: ExecutionPlan, overrides: list[str], log_path: Path)
                 proc.kill()
                 proc.wait()
 
-
-@contextlib.contextmanager
-def appliance_server(plan: ExecutionPlan) -> Iterator[str]:
-    """Build the plan's engine, serve it, and stop both afterwards."""
-    from appliance.engine import build_engine
-
-    engine = build_engine(plan)
-    try:
-        with serve_in_thread(plan, engine) as url:
-            yield url
-    finally:
-        engine.stop()
-
-
-# -- mlx_lm.server -------------------------------------------------------------------------
 
 def export_dir(plan: ExecutionPlan, src: Path) -> Path:
     """A copy of the model stored in the plan's compute dtype, for mlx_lm.server.

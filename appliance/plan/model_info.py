@@ -37,6 +37,25 @@ class ModelInfo:
     float_weight_elements: int  # elements whose dtype a dtype override changes
     quantization: str | None  # e.g. "4bit/g64", None when unquantized
     config_sha256: str
+    weights_sample_sha256: str  # content sample of the weight files (see sample_weights)
+
+
+SAMPLES, SAMPLE_BYTES = 16, 1 << 16
+
+
+def sample_weights(files: list[Path]) -> str:
+    """sha256 over 16 evenly spaced 64 KiB windows of each weight file (<= 1 MiB read per
+    file): two checkpoints of one shape differ here, without reading the weights whole."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            for i in range(SAMPLES):
+                fh.seek(max(0, (size - SAMPLE_BYTES) * i // (SAMPLES - 1)))
+                h.update(fh.read(SAMPLE_BYTES))
+    return h.hexdigest()
 
 
 def read_safetensors_header(path: Path) -> dict:
@@ -88,7 +107,8 @@ def inspect_model(path: Path) -> ModelInfo:
             if name != "__metadata__":
                 tensors.append((meta["dtype"], _numel(meta["shape"])))
     raw = cfg_path.read_bytes()
-    return describe(json.loads(raw), raw, tensors, sum(f.stat().st_size for f in files))
+    return describe(json.loads(raw), raw, tensors, sum(f.stat().st_size for f in files),
+                    sample_weights(files))
 
 
 def inspect_config(config: dict) -> ModelInfo:
@@ -103,7 +123,8 @@ def inspect_config(config: dict) -> ModelInfo:
     dt = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[config["torch_dtype"]]
     tensors = [(dt if d in FLOAT_DTYPES else d, n) for d, n in tensors]
     nbytes = sum(n * DTYPE_BYTES[d] for d, n in tensors)
-    return describe(config, json.dumps(config, sort_keys=True).encode(), tensors, nbytes)
+    # synthetic weights are a function of the config (seed included by the caller)
+    return describe(config, json.dumps(config, sort_keys=True).encode(), tensors, nbytes, "")
 
 
 def _numel(shape) -> int:
@@ -114,7 +135,7 @@ def _numel(shape) -> int:
 
 
 def describe(config: dict, raw: bytes, tensors: list[tuple[str, int]],
-             weight_bytes: int) -> ModelInfo:
+             weight_bytes: int, weights_sample: str) -> ModelInfo:
     import hashlib
 
     text = config.get("text_config", {})
@@ -151,4 +172,5 @@ def describe(config: dict, raw: bytes, tensors: list[tuple[str, int]],
         float_weight_elements=float_elems,
         quantization=quant,
         config_sha256=hashlib.sha256(raw).hexdigest(),
+        weights_sample_sha256=weights_sample,
     )

@@ -32,6 +32,7 @@ class ModelPlan:
     weight_bytes_on_disk: int
     weight_bytes: int  # resident, after any dtype cast
     config_sha256: str
+    weights_sample_sha256: str  # identifies the weights' content (model_info.sample_weights)
     synthetic: dict | None = None  # {shape, bits, seed} for model=synthetic, else None
 
 
@@ -56,6 +57,7 @@ class BatchPlan:
     kv_budget_bytes: int  # live KV of all rows together; admission keeps within it
     max_queue: int  # waiting requests before 429
     placement: dict[str, str]  # per layer kind present: how its rows are held
+    lone_row: str  # how a request alone on the engine is decoded
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,9 @@ def fingerprint(model: ModelPlan, kv: KVPlan, draft: DraftPlan) -> str:
     """
     key = {
         # Content, not location: the same weights under another path hash the same.
-        "model": [model.architecture, model.config_sha256, model.weight_bytes_on_disk,
-                  model.parameters, model.revision],
+        "model": [model.architecture, model.config_sha256, model.weights_sample_sha256,
+                  model.weight_bytes_on_disk, model.parameters, model.revision,
+                  model.synthetic],
         "dtype": model.dtype,
         "quantization": model.quantization,
         "kv": [kv.scheme, kv.dtype],

@@ -179,7 +179,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         max_position_embeddings=info.max_position_embeddings, parameters=info.parameters,
         checkpoint_dtype=info.checkpoint_dtype, dtype=dtype, quantization=info.quantization,
         weight_bytes_on_disk=info.weight_bytes, weight_bytes=_weights_resident(info, dtype),
-        config_sha256=info.config_sha256,
+        config_sha256=info.config_sha256, weights_sample_sha256=info.weights_sample_sha256,
         synthetic={"shape": m.shape, "bits": m.bits, "seed": m.seed}
         if m.source == "synthetic" else None,
     )
@@ -228,9 +228,12 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                          "cannot be batched; valid choices for this model: batch=serial"])
     placement = ({k: PLACEMENT[k] for k in kinds} if b.mode == "continuous"
                  else dict.fromkeys(kinds, "one row at a time"))
+    lone_row = ("unbatched (generate_step arithmetic, no padding or mask) until a second "
+                "row is admitted; then its cache joins the batch" if b.mode == "continuous"
+                else "unbatched, always")
     batch = BatchPlan(mode=b.mode, max_rows=b.max_rows, prefill_chunk=b.prefill_chunk,
                       kv_budget_bytes=kv_budget or mem.kv_budget_bytes, max_queue=b.max_queue,
-                      placement=placement)
+                      placement=placement, lone_row=lone_row)
     return ExecutionPlan(
         model=model, kv=kv, draft=draft, batch=batch,
         cache=CachePlan(kind=cfg.cache.kind), server=server, machine=machine, memory=mem,
