@@ -131,6 +131,7 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
     except Exception as e:  # template errors (e.g. bad role order) are the caller's
         raise invalid("messages", f"the chat template rejected them: {e}") from e
     ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    checkpoints = _system_boundary(tokenizer, messages, body.tools, ids)
     if body.max_completion_tokens is not None:
         name, requested = "max_completion_tokens", body.max_completion_tokens
     else:
@@ -139,8 +140,26 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs", "requires logprobs=true")
     k = _logprobs("top_logprobs", body.top_logprobs or 0) if body.logprobs else None
-    return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=k), _stops(body.stop),
+    return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=k,
+                                      checkpoints=checkpoints), _stops(body.stop),
                     bool((body.stream_options or {}).get("include_usage")))
+
+
+def _system_boundary(tokenizer, messages: list[dict], tools, ids: list[int]) -> tuple[int, ...]:
+    """Where the leading system messages end in `ids`: the prefix every agent sharing that
+    system prompt (and tools) has in common, so a prefix-cache checkpoint belongs there."""
+    n = 0
+    while n < len(messages) and messages[n]["role"] in ("system", "developer"):
+        n += 1
+    if n == 0 or n == len(messages):
+        return ()
+    try:
+        head = tokenizer.apply_chat_template(messages[:n], add_generation_prompt=False,
+                                             tools=tools, tokenize=True)
+    except Exception:  # a template that insists on a user turn: no checkpoint, not an error
+        return ()
+    head = list(head["input_ids"] if isinstance(head, dict) else head)
+    return (len(head),) if 0 < len(head) < len(ids) and ids[:len(head)] == head else ()
 
 
 def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:

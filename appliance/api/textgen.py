@@ -28,6 +28,7 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    cached_tokens: int = 0
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -69,7 +70,7 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
                     if pending or toks:
                         yield Piece(pending, tuple(toks))
                 reason = "length" if event.reason == FinishReason.LENGTH else "stop"
-                yield Done(reason, event.prompt_tokens, used, event.error)
+                yield Done(reason, event.prompt_tokens, used, event.error, event.cached_tokens)
                 return
             if stopped:
                 continue  # tokens already in flight when we cancelled

@@ -53,10 +53,16 @@ class BatchConfig:
 
 
 @dataclass
+class RamTierConfig:
+    bytes: str = "4GiB"  # cap, e.g. 4GiB; also bounded by what the live batch leaves free
+
+
+@dataclass
 class CacheConfig:
     """Prefix-cache tiers."""
 
-    kind: str = "none"
+    kind: str = "none"  # none | ram
+    ram: RamTierConfig = field(default_factory=RamTierConfig)
 
 
 @dataclass

@@ -42,8 +42,11 @@ def build_engine(plan: ExecutionPlan) -> Engine:
 
             return SerialScheduler(model, eos_ids, b.prefill_chunk)
         from appliance.engine.continuous import ContinuousScheduler
+        from appliance.engine.prefix_cache import RamTier
 
-        return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget, stream)
+        prefix = RamTier(plan.cache.ram_bytes) if plan.cache.kind == "ram" else None
+        return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget, stream,
+                                   prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes)
 
     return Engine(load, make_scheduler, mode=b.mode, max_rows=b.max_rows,
                   max_queue=b.max_queue, budget=budget).start()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from mlx_lm.generate import BatchGenerator
 
 from appliance.engine.budget import Budget
+from appliance.engine.prefix_cache import RamTier
 from appliance.engine.runner import Decoder
 from appliance.engine.sampling import make_processors, make_sampler
 from appliance.engine.scheduler import Counters, RowState, finish, safe_deliver, token_event
@@ -36,14 +37,19 @@ class Row:
     handle: object
     state: RowState
     generated: int = 0
+    cached: int = 0  # prompt tokens that came from the prefix cache
 
 
 class ContinuousScheduler:
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
-                 budget: Budget, stream=None):
+                 budget: Budget, stream=None, prefix: RamTier | None = None,
+                 ceiling: int | None = None):
+        """`prefix`: the RAM prefix cache, if any; it trims itself to `ceiling` minus the
+        KV bytes the live rows hold (one memory ceiling for both)."""
         self.model, self.eos_ids = model, eos_ids
         self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
         self.budget, self.stream = budget, stream
+        self.prefix, self.ceiling = prefix, ceiling
         self.counters = Counters()
         self._waiting: deque = deque()
         self._rows: dict[int, Row] = {}  # BatchGenerator uid -> row
@@ -87,7 +93,11 @@ class ContinuousScheduler:
         prefilling = any(r.state is RowState.PREFILL for r in self._rows.values())
         t = time.perf_counter()
         try:
-            _, responses = self._gen.next()
+            prompt_responses, responses = self._gen.next()
+            if self.prefix is not None:  # checkpoints: a segment of some prompt just ended
+                ends = [p.uid for p in prompt_responses if p.end_of_segment and not p.end_of_prompt]
+                for cache, tokens in self._gen.extract_cache(ends).values():
+                    self._store(tokens, cache)
         except Exception as e:  # a failed forward fails the rows in flight, not the server
             self._fail_all(f"{type(e).__name__}: {e}")
             return
@@ -99,8 +109,12 @@ class ContinuousScheduler:
         else:
             self.counters.decode_seconds += dt
         for r in responses:
+            if self.prefix is not None and r.finish_reason is not None and r.prompt_cache:
+                self._store(r.all_tokens, r.prompt_cache)  # the whole turn
             self._on_token(r)
         self.counters.kv_bytes = self._gen.prompt_cache_nbytes
+        if self.prefix is not None and self.ceiling is not None:
+            self.prefix.trim(self._cache_limit())
 
     def abort_all(self) -> None:
         if self._solo is not None:
@@ -137,14 +151,17 @@ class ContinuousScheduler:
             return self._admit()  # the usual path refuses or waits
         self._waiting.popleft()
         t = time.perf_counter()
+        cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
         try:
-            decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk)
+            decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
+                              cached=cached, checkpoints=r.checkpoints,
+                              on_checkpoint=self._store_copy if self.prefix is not None else None)
         except Exception as e:  # e.g. an empty prompt: this request only
             self.budget.release(h.id)
             self.counters.finished += 1
             return finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
         self.counters.prefill_seconds += time.perf_counter() - t
-        self._solo = (Row(h, RowState.DECODE), decoder)
+        self._solo = (Row(h, RowState.DECODE, cached=cached), decoder)
 
     def _solo_step(self) -> None:
         row, d = self._solo
@@ -182,14 +199,33 @@ class ContinuousScheduler:
         self._rows[uid] = row
 
     def _end_solo(self, reason: FinishReason, error: str | None = None) -> None:
-        row, _ = self._solo
+        row, d = self._solo
         self._solo = None
+        if self.prefix is not None and reason is not FinishReason.ERROR:
+            self._store(d.history, d.cache)  # the whole turn: the next one extends it
         self._end_row(row, reason, error)
 
     def _end_row(self, row: Row, reason: FinishReason, error: str | None = None) -> None:
         self.budget.release(row.handle.id)
         self.counters.finished += 1
-        finish(row.handle, reason, row.generated, error)
+        finish(row.handle, reason, row.generated, error, cached=row.cached)
+
+    # -- the prefix cache ---------------------------------------------------------
+    def _live_kv_bytes(self) -> int:
+        solo = sum(c.nbytes for c in self._solo[1].cache) if self._solo else 0
+        return self._gen.prompt_cache_nbytes + solo
+
+    def _cache_limit(self) -> int | None:
+        return None if self.ceiling is None else max(0, self.ceiling - self._live_kv_bytes())
+
+    def _store(self, tokens: list[int], cache: list) -> None:
+        self.prefix.insert(list(tokens), cache, limit=self._cache_limit())
+
+    def _store_copy(self, tokens: list[int], cache: list) -> None:
+        """A checkpoint of a cache that goes on being filled: store a copy."""
+        import copy
+
+        self._store(tokens, copy.deepcopy(cache))
 
     def _emit(self, row: Row, tok: int, logprobs) -> bool:
         row.generated += 1
@@ -210,16 +246,29 @@ class ContinuousScheduler:
             if not self.budget.try_admit(h.id, len(r.prompt), r.max_tokens):
                 return  # wait for running rows to free their KV
             self._waiting.popleft()
+            cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
             try:
-                (uid,) = self._gen.insert([r.prompt], max_tokens=[r.max_tokens],
-                                          samplers=[make_sampler(r.sampling)],
-                                          logits_processors=[make_processors(r.sampling)])
+                (uid,) = self._gen.insert_segments(
+                    [self._segments(r.prompt, cached, r.checkpoints)], max_tokens=[r.max_tokens],
+                    caches=[cache] if cache is not None else None,
+                    all_tokens=[r.prompt[:cached]], samplers=[make_sampler(r.sampling)],
+                    logits_processors=[make_processors(r.sampling)])
             except Exception as e:  # e.g. an empty prompt: this request only
                 self.budget.release(h.id)
                 self.counters.finished += 1
                 finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
                 continue
-            self._rows[uid] = Row(h, RowState.PREFILL)
+            self._rows[uid] = Row(h, RowState.PREFILL, cached=cached)
+
+    def _segments(self, prompt: list[int], cached: int,
+                  checkpoints: tuple[int, ...]) -> list[list[int]]:
+        """The uncached prompt cut at checkpoints (prefill stops there, so a checkpoint is
+        taken exactly at the boundary; BatchGenerator adds the cut before the last token)."""
+        if self.prefix is None:
+            return [prompt[cached:]]
+        cuts = [c for c in sorted(set(checkpoints)) if cached < c < len(prompt) - 1]
+        bounds = [cached, *cuts, len(prompt)]
+        return [prompt[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
     def _on_token(self, r) -> None:
         row = self._rows.get(r.uid)

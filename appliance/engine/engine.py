@@ -128,7 +128,15 @@ class Engine:
             "tokens_generated": c.tokens_generated,
             "prefill_seconds": round(c.prefill_seconds, 6),
             "decode_seconds": round(c.decode_seconds, 6),
+            "cache": self._cache_stats(),
         }
+
+    def _cache_stats(self) -> dict:
+        tier = getattr(self.scheduler, "prefix", None)
+        if tier is None:
+            return {}
+        return {"ram": {**tier.stats.__dict__, "entries": len(tier), "bytes": tier.nbytes,
+                        "cap_bytes": tier.cap_bytes}}
 
     # -- the engine thread -----------------------------------------------------
     def _main(self) -> None:

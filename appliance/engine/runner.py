@@ -36,22 +36,34 @@ class Decoder:
     sampled-but-unread `pending` token, `history`) can be handed to a batch.
     """
 
-    def __init__(self, model, prompt: list[int], sampling: SamplingParams, prefill_chunk: int):
+    def __init__(self, model, prompt: list[int], sampling: SamplingParams, prefill_chunk: int,
+                 cache: list | None = None, cached: int = 0, checkpoints: tuple[int, ...] = (),
+                 on_checkpoint=None):
+        """`cache` already holds prompt[:cached] (a prefix-cache hit). Prefill pauses at
+        every checkpoint in `checkpoints` and at len(prompt) - 1 when `on_checkpoint` is
+        given, calling on_checkpoint(tokens, cache) there (the callee copies)."""
         from mlx_lm.models.cache import make_prompt_cache
 
         self.model = model
         self.sampler, self.processors = make_sampler(sampling), make_processors(sampling)
-        self.cache = make_prompt_cache(model)
+        self.cache = cache if cache is not None else make_prompt_cache(model)
         self.history = list(prompt)  # every token fed to the cache so far, in order
-        self._seen = None  # the same tokens as an mx.array, for the processors
-        rest = mx.array(prompt)
+        self._seen = mx.array(prompt[:cached]) if self.processors and cached else None
+        stops = sorted({c for c in checkpoints if cached < c < len(prompt) - 1}
+                       | {len(prompt) - 1}) if on_checkpoint else []
+        pos, rest = cached, mx.array(prompt[cached:])
         while rest.size > 1:
             n = min(prefill_chunk, rest.size - 1)
+            if stops and stops[0] > pos:
+                n = min(n, stops[0] - pos)
             model(rest[:n][None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
             if self.processors:
                 self._seen = rest[:n] if self._seen is None else mx.concat([self._seen, rest[:n]])
-            rest = rest[n:]
+            rest, pos = rest[n:], pos + n
+            if stops and pos == stops[0]:
+                stops.pop(0)
+                on_checkpoint(prompt[:pos], self.cache)
             mx.clear_cache()
         self.pending, self.pending_logprobs = self._step(rest)
         mx.async_eval(self.pending, self.pending_logprobs)

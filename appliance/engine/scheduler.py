@@ -69,5 +69,5 @@ def safe_deliver(handle: RequestHandle, event) -> bool:
 
 
 def finish(handle: RequestHandle, reason: FinishReason, generated: int,
-           error: str | None = None) -> None:
-    safe_deliver(handle, Finished(reason, len(handle.request.prompt), generated, error))
+           error: str | None = None, cached: int = 0) -> None:
+    safe_deliver(handle, Finished(reason, len(handle.request.prompt), generated, error, cached))

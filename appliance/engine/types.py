@@ -27,6 +27,7 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: also the top k
+    checkpoints: tuple[int, ...] = ()  # prompt offsets worth a prefix-cache entry (turn ends)
 
 
 class Rejected(Exception):
@@ -59,6 +60,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache
 
 
 Event = Token | Finished

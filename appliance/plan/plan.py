@@ -62,7 +62,8 @@ class BatchPlan:
 
 @dataclass(frozen=True)
 class CachePlan:
-    kind: str
+    kind: str  # none | ram
+    ram_bytes: int  # effective RAM tier cap (0: none)
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ class MachinePlan:
 class MemoryPlan:
     usable_bytes: int  # memory - headroom
     weights_bytes: int
-    kv_budget_bytes: int  # usable - weights: what KV (and later caches) may use
+    kv_budget_bytes: int  # usable - weights - prefix-cache cap: what live KV may use
+    kv_and_cache_bytes: int  # usable - weights: the one ceiling live KV and the RAM tier share
     kv_bytes_at_max_context: int  # one request at max_context
 
 

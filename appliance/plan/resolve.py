@@ -40,7 +40,7 @@ PLACEMENT = {
     "sliding": "BatchRotatingKVCache: each row keeps its last sliding_window tokens",
     "recurrent": "ArraysCache: constant-size state per row, merged along the batch",
 }
-CACHES = ("none",)
+CACHES = ("none", "ram")
 BACKENDS = ("auto", "metal", "cuda", "cpu")
 
 
@@ -126,8 +126,17 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     if b.mode == "serial" and b.max_rows != 1:
         problems.append(f"batch.max_rows={b.max_rows} with batch=serial: serial runs one row "
                         "at a time; use batch=continuous to decode rows together")
+    if cfg.cache.kind != "none" and b.mode == "serial":
+        problems.append(f"cache={cfg.cache.kind} with batch=serial: the serial pin prefills every "
+                        "prompt from scratch; use batch=continuous, or cache=none")
     if b.max_queue < 0:
         problems.append(f"batch.max_queue={b.max_queue} must be >= 0")
+    ram_cap = 0
+    if cfg.cache.kind == "ram":
+        try:
+            ram_cap = parse_size(cfg.cache.ram.bytes)
+        except ValueError as e:
+            problems.append(f"cache.ram.bytes: {e}")
     kv_budget = None
     if b.kv_budget != "auto":
         try:
@@ -198,9 +207,13 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     )
     usable = memory - headroom
     mem = MemoryPlan(usable_bytes=usable, weights_bytes=model.weight_bytes,
-                     kv_budget_bytes=usable - model.weight_bytes,
+                     kv_budget_bytes=usable - model.weight_bytes - ram_cap,
+                     kv_and_cache_bytes=usable - model.weight_bytes,
                      kv_bytes_at_max_context=per_tok * max_ctx)
-    if mem.kv_budget_bytes <= 0:
+    if mem.kv_and_cache_bytes > 0 >= mem.kv_budget_bytes:
+        problems.append(f"cache.ram.bytes={cfg.cache.ram.bytes} leaves no memory for live KV "
+                        f"({mem.kv_and_cache_bytes / GiB:.2f} GiB after the weights); lower it")
+    elif mem.kv_budget_bytes <= 0:
         problems.append(f"weights need {model.weight_bytes / GiB:.2f} GiB but only "
                         f"{usable / GiB:.2f} GiB is usable on {machine.name} "
                         f"(memory {memory / GiB:.1f} GiB - headroom {headroom / GiB:.1f} GiB); "
@@ -236,7 +249,8 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                       placement=placement, lone_row=lone_row)
     return ExecutionPlan(
         model=model, kv=kv, draft=draft, batch=batch,
-        cache=CachePlan(kind=cfg.cache.kind), server=server, machine=machine, memory=mem,
+        cache=CachePlan(kind=cfg.cache.kind, ram_bytes=ram_cap), server=server,
+        machine=machine, memory=mem,
         profiles=tuple(profiles), notes=tuple(notes),
         fingerprint=fingerprint(model, kv, draft),
     )

@@ -1,0 +1,113 @@
+"""The RAM prefix cache: longest-prefix lookup over token ids, LRU by bytes.
+
+Entries are per-layer cache objects (KVCache, RotatingKVCache, ArraysCache)
+taken *exactly* at a token boundary (a checkpoint), so they are never
+trimmed: that is what makes sliding-window and recurrent layers reusable.
+A hit hands out a deep copy (the batch mutates what it is given) and
+refreshes the entry's recency. Only the engine thread touches it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+_END = -1  # trie key marking "an entry ends here"
+
+
+@dataclass
+class TierStats:
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0
+    inserts: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class _Entry:
+    tokens: tuple[int, ...]
+    cache: list
+    nbytes: int
+
+
+@dataclass
+class RamTier:
+    """Prefix entries within `cap_bytes` (and within a moving `limit` the engine sets)."""
+
+    cap_bytes: int
+    stats: TierStats = field(default_factory=TierStats)
+    _trie: dict = field(default_factory=dict)
+    _lru: OrderedDict = field(default_factory=OrderedDict)  # tokens -> _Entry, oldest first
+    nbytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def lookup(self, tokens: list[int]) -> tuple[int, list | None]:
+        """The longest stored prefix of tokens[:-1] (one token must remain to run):
+        (its length, a private copy of its cache), or (0, None)."""
+        node, best = self._trie, None
+        for i, t in enumerate(tokens[:-1]):
+            node = node.get(t)
+            if node is None:
+                break
+            if _END in node:
+                best = i + 1
+        if best is None:
+            self.stats.misses += 1
+            return 0, None
+        key = tuple(tokens[:best])
+        self._lru.move_to_end(key)  # a hit refreshes recency
+        self.stats.hits += 1
+        self.stats.hit_tokens += best
+        return best, copy.deepcopy(self._lru[key].cache)
+
+    def insert(self, tokens: list[int], cache: list, limit: int | None = None) -> None:
+        """Store a checkpoint of `tokens` (replacing an equal one), then evict to fit."""
+        key = tuple(tokens)
+        if not key:
+            return
+        nbytes = sum(c.nbytes for c in cache)
+        budget = min(self.cap_bytes, self.cap_bytes if limit is None else limit)
+        if nbytes > budget:
+            return  # would evict everything and still not fit
+        if key in self._lru:
+            self._remove(key)
+        node = self._trie
+        for t in key:
+            node = node.setdefault(t, {})
+        node[_END] = True
+        self._lru[key] = _Entry(key, cache, nbytes)
+        self.nbytes += nbytes
+        self.stats.inserts += 1
+        self.trim(budget)
+
+    def trim(self, limit: int) -> None:
+        """Evict least recently used entries until at most `limit` bytes are held."""
+        while self._lru and self.nbytes > limit:
+            self._remove(next(iter(self._lru)))
+            self.stats.evictions += 1
+
+    def _remove(self, key: tuple[int, ...]) -> None:
+        entry = self._lru.pop(key)
+        self.nbytes -= entry.nbytes
+        path, node = [], self._trie
+        for t in key:
+            path.append((node, t))
+            node = node[t]
+        del node[_END]
+        for parent, t in reversed(path):  # prune branches that hold nothing any more
+            if parent[t]:
+                break
+            del parent[t]
+
+    def check_integrity(self) -> None:
+        assert self.nbytes == sum(e.nbytes for e in self._lru.values())
+        assert self.nbytes <= self.cap_bytes
+
+        def count(node) -> int:
+            return (_END in node) + sum(count(v) for k, v in node.items() if k != _END)
+
+        assert count(self._trie) == len(self._lru)

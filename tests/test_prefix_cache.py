@@ -1,0 +1,125 @@
+"""The RAM prefix cache: lookup and eviction exactly, and hits token-exact with cold runs."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import app_for
+from harness import Collector, drive
+
+from appliance import oracle
+from appliance.engine import GenerationRequest, SamplingParams
+from appliance.engine.budget import Budget, KVShape
+from appliance.engine.continuous import ContinuousScheduler
+from appliance.engine.prefix_cache import RamTier
+
+
+class Blob:
+    """Stands in for one layer's cache in the bookkeeping tests: only nbytes matters."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+
+def test_longest_prefix_refresh_and_lru_by_bytes():
+    t = RamTier(cap_bytes=100)
+    t.insert([1, 2, 3], [Blob(30)])
+    t.insert([1, 2, 3, 4, 5], [Blob(30)])
+    t.insert([7, 8], [Blob(30)])
+    assert t.lookup([1, 2, 3, 4, 5, 6])[0] == 5
+    assert t.lookup([1, 2, 3, 4, 5])[0] == 3  # one token must remain to run
+    assert t.lookup([1, 2, 9, 9])[0] == 0 and t.lookup([7, 8, 9])[0] == 2
+    assert t.stats.hits == 3 and t.stats.misses == 1 and t.stats.hit_tokens == 10
+    # [1,2,3] was used after [1..5]: the least recently used is now [1..5]
+    t.lookup([1, 2, 3, 0])
+    t.insert([9], [Blob(30)])
+    assert t.lookup([1, 2, 3, 4, 5, 6])[0] == 3 and t.stats.evictions == 1
+    t.check_integrity()
+    t.trim(0)
+    assert len(t) == 0 and t.nbytes == 0 and t._trie == {}
+    t.insert([5], [Blob(500)])  # larger than the cap: not stored, nothing evicted for it
+    assert len(t) == 0
+
+
+@pytest.fixture(scope="module", params=oracle.BATCH_MODELS)
+def loaded(request):
+    return oracle.load(oracle.model_path(request.param), "float32")
+
+
+def _sched(model, tok, ceiling=None):
+    return ContinuousScheduler(model, set(tok.eos_token_ids), 4, 32,
+                               Budget(1 << 40, KVShape(1, 0, 0, 0)),
+                               prefix=RamTier(1 << 30), ceiling=ceiling)
+
+
+def _requests(tok):
+    """Two agents sharing a 40-token system prefix (checkpoint at 40), distinct turns."""
+    ids = oracle.batch_prompts(tok)
+    system = ids["b"][:40]
+    return {"x": GenerationRequest(system + ids["a"][:20], 12, checkpoints=(40,)),
+            "y": GenerationRequest(system + ids["c"][:15], 12, checkpoints=(40,),
+                                   sampling=SamplingParams(temperature=0.9, seed=3))}
+
+
+def _cold(model, tok, req):
+    """The request on a fresh scheduler: same checkpoint cuts, nothing cached."""
+    c = Collector(req)
+    drive(_sched(model, tok), [(0, "insert", "r")], {"r": c})
+    assert c.finished.cached_tokens == 0
+    return c.tokens
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_hits_are_token_exact_with_cold(loaded, together):
+    """Solo (one after the other) and batched (second arrives while the first runs)."""
+    model, tok = loaded
+    reqs = _requests(tok)
+    want = {r: _cold(model, tok, q) for r, q in reqs.items()}
+    s = _sched(model, tok)
+    rows = {r: Collector(q) for r, q in reqs.items()}
+    drive(s, [(0, "insert", "x"), (3 if together else 10_000 - 1, "insert", "y")]
+          if together else [(0, "insert", "x")], rows)
+    if not together:
+        drive(s, [(0, "insert", "y")], rows)
+    assert {r: c.tokens for r, c in rows.items()} == want
+    assert rows["x"].finished.cached_tokens == 0
+    assert rows["y"].finished.cached_tokens == 40  # the shared system prefix
+    s.prefix.check_integrity()
+
+
+def test_next_turn_hits_the_whole_previous_turn(loaded):
+    model, tok = loaded
+    s = _sched(model, tok)
+    first = Collector(_requests(tok)["x"])
+    drive(s, [(0, "insert", "a")], {"a": first})
+    turn = list(first.request.prompt) + first.tokens  # the conversation so far
+    nxt = GenerationRequest(turn + oracle.batch_prompts(tok)["d"][:10], 8)
+    second = Collector(nxt)
+    drive(s, [(0, "insert", "b")], {"b": second})
+    assert second.finished.cached_tokens >= len(turn) - 1
+    assert second.tokens == _cold(model, tok, nxt)
+
+
+def test_the_cache_yields_memory_to_live_rows(loaded):
+    """One ceiling for both: while rows hold KV the tier trims to what is left."""
+    model, tok = loaded
+    s = _sched(model, tok, ceiling=0)
+    c = Collector(_requests(tok)["x"])
+    drive(s, [(0, "insert", "a")], {"a": c})
+    assert len(s.prefix) == 0 and s.prefix.nbytes == 0
+
+
+def test_cached_tokens_in_usage_and_stats():
+    with app_for(["cache=ram"]) as (plan, engine, url):
+        import httpx
+
+        system = {"role": "system", "content": "You are a careful Python reviewer. " * 20}
+        bodies = [{"model": plan.model.id, "max_tokens": 4,
+                   "messages": [system, {"role": "user", "content": q}]}
+                  for q in ("def f(x):", "import os")]
+        usage = [httpx.post(f"{url}/v1/chat/completions", json=b, timeout=60).json()["usage"]
+                 for b in bodies]
+        assert usage[0]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert usage[1]["prompt_tokens_details"]["cached_tokens"] > 100
+        ram = httpx.get(f"{url}/stats").json()["cache"]["ram"]
+        assert ram["hits"] >= 1 and ram["hit_tokens"] > 100 and ram["bytes"] > 0
+        assert plan.cache.ram_bytes == 4 * 1024**3
