@@ -46,7 +46,7 @@ def test_profiles_compose_left_to_right():
     assert plan.machine.name == "m4-pro"
     assert plan.machine.memory_bytes == 24 * 1024**3
     assert plan.server.max_context == 32768  # from agent-fleet
-    assert plan.cache.kind == "ram" and plan.batch.mode == "continuous"
+    assert plan.cache.kind == "tiered" and plan.batch.mode == "continuous"
     later = resolve_overrides(["+profile=[m4-pro,m1-max]"])
     assert later.machine.name == "m1-max"
 

@@ -10,7 +10,7 @@ from appliance import oracle
 from appliance.engine import GenerationRequest, SamplingParams
 from appliance.engine.budget import Budget, KVShape
 from appliance.engine.continuous import ContinuousScheduler
-from appliance.engine.prefix_cache import RamTier
+from appliance.engine.prefix_cache import PrefixCache, RamTier
 
 
 class Blob:
@@ -48,7 +48,7 @@ def loaded(request):
 def _sched(model, tok, ceiling=None):
     return ContinuousScheduler(model, set(tok.eos_token_ids), 4, 32,
                                Budget(1 << 40, KVShape(1, 0, 0, 0)),
-                               prefix=RamTier(1 << 30), ceiling=ceiling)
+                               prefix=PrefixCache(ram=RamTier(1 << 30)), ceiling=ceiling)
 
 
 def _requests(tok):

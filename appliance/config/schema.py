@@ -58,11 +58,18 @@ class RamTierConfig:
 
 
 @dataclass
+class SsdTierConfig:
+    path: str = "~/.cache/appliance/prefix"  # one sub-directory per plan fingerprint
+    bytes: str = "32GiB"  # cap on blob bytes
+
+
+@dataclass
 class CacheConfig:
     """Prefix-cache tiers."""
 
-    kind: str = "none"  # none | ram
+    kind: str = "none"  # none | ram | ssd | tiered (RAM in front of SSD)
     ram: RamTierConfig = field(default_factory=RamTierConfig)
+    ssd: SsdTierConfig = field(default_factory=SsdTierConfig)
 
 
 @dataclass

@@ -42,9 +42,16 @@ def build_engine(plan: ExecutionPlan) -> Engine:
 
             return SerialScheduler(model, eos_ids, b.prefill_chunk)
         from appliance.engine.continuous import ContinuousScheduler
-        from appliance.engine.prefix_cache import RamTier
+        from appliance.engine.prefix_cache import PrefixCache, RamTier
+        from appliance.engine.ssd_tier import SsdTier
 
-        prefix = RamTier(plan.cache.ram_bytes) if plan.cache.kind == "ram" else None
+        c = plan.cache
+        prefix = None
+        if c.kind != "none":
+            prefix = PrefixCache(
+                ram=RamTier(c.ram_bytes) if c.kind in ("ram", "tiered") else None,
+                ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint)
+                if c.kind in ("ssd", "tiered") else None)
         return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget, stream,
                                    prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes)
 

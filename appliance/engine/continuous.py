@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from mlx_lm.generate import BatchGenerator
 
 from appliance.engine.budget import Budget
-from appliance.engine.prefix_cache import RamTier
+from appliance.engine.prefix_cache import PrefixCache
 from appliance.engine.runner import Decoder
 from appliance.engine.sampling import make_processors, make_sampler
 from appliance.engine.scheduler import Counters, RowState, finish, safe_deliver, token_event
@@ -42,7 +42,7 @@ class Row:
 
 class ContinuousScheduler:
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
-                 budget: Budget, stream=None, prefix: RamTier | None = None,
+                 budget: Budget, stream=None, prefix: PrefixCache | None = None,
                  ceiling: int | None = None):
         """`prefix`: the RAM prefix cache, if any; it trims itself to `ceiling` minus the
         KV bytes the live rows hold (one memory ceiling for both)."""
@@ -115,6 +115,11 @@ class ContinuousScheduler:
         self.counters.kv_bytes = self._gen.prompt_cache_nbytes
         if self.prefix is not None and self.ceiling is not None:
             self.prefix.trim(self._cache_limit())
+
+    def close(self) -> None:
+        """After abort_all: flush what the prefix cache still has to write."""
+        if self.prefix is not None:
+            self.prefix.close()
 
     def abort_all(self) -> None:
         if self._solo is not None:

@@ -132,11 +132,8 @@ class Engine:
         }
 
     def _cache_stats(self) -> dict:
-        tier = getattr(self.scheduler, "prefix", None)
-        if tier is None:
-            return {}
-        return {"ram": {**tier.stats.__dict__, "entries": len(tier), "bytes": tier.nbytes,
-                        "cap_bytes": tier.cap_bytes}}
+        prefix = getattr(self.scheduler, "prefix", None)
+        return prefix.stats() if prefix is not None else {}
 
     # -- the engine thread -----------------------------------------------------
     def _main(self) -> None:
@@ -166,6 +163,7 @@ class Engine:
             for h in items:
                 if h is None:
                     s.abort_all()
+                    s.close()  # e.g. finish pending SSD writes
                     return self._refuse_rest()
                 self._queued -= 1
                 s.add(h)

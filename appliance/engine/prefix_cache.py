@@ -1,4 +1,4 @@
-"""The RAM prefix cache: longest-prefix lookup over token ids, LRU by bytes.
+"""The prefix cache: a RAM tier (trie + LRU by bytes) in front of an optional SSD tier.
 
 Entries are per-layer cache objects (KVCache, RotatingKVCache, ArraysCache)
 taken *exactly* at a token boundary (a checkpoint), so they are never
@@ -111,3 +111,59 @@ class RamTier:
             return (_END in node) + sum(count(v) for k, v in node.items() if k != _END)
 
         assert count(self._trie) == len(self._lru)
+
+
+class PrefixCache:
+    """RAM in front of SSD (either may be absent). A lookup takes the longer of the two
+    prefixes; an SSD hit is promoted into RAM. Every entry stored goes to both tiers (the
+    SSD write happens on its own thread), so prefixes survive restarts."""
+
+    def __init__(self, ram: RamTier | None = None, ssd=None):
+        self.ram, self.ssd = ram, ssd
+
+    def __len__(self) -> int:
+        return len(self.ram) if self.ram is not None else 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.ram.nbytes if self.ram is not None else 0
+
+    def lookup(self, tokens: list[int]) -> tuple[int, list | None]:
+        n, cache = self.ram.lookup(tokens) if self.ram is not None else (0, None)
+        if self.ssd is not None and self.ssd.longest(tokens) > n:
+            m = self.ssd.longest(tokens)
+            restored = self.ssd.load(tokens, m)
+            if restored is not None:
+                if self.ram is not None:
+                    self.ram.insert(tokens[:m], copy.deepcopy(restored))
+                return m, restored
+        return n, cache
+
+    def insert(self, tokens: list[int], cache: list, limit: int | None = None) -> None:
+        if self.ssd is not None:
+            self.ssd.put(tokens, cache)
+        if self.ram is not None:
+            self.ram.insert(tokens, cache, limit)
+
+    def trim(self, limit: int) -> None:
+        if self.ram is not None:
+            self.ram.trim(limit)
+
+    def close(self) -> None:
+        if self.ssd is not None:
+            self.ssd.close()
+
+    def stats(self) -> dict:
+        out = {}
+        if self.ram is not None:
+            out["ram"] = {**self.ram.stats.__dict__, "entries": len(self.ram),
+                          "bytes": self.ram.nbytes, "cap_bytes": self.ram.cap_bytes}
+        if self.ssd is not None:
+            out["ssd"] = self.ssd.stats()
+        return out
+
+    def check_integrity(self) -> None:
+        if self.ram is not None:
+            self.ram.check_integrity()
+        if self.ssd is not None:
+            self.ssd.check_integrity()

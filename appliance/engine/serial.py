@@ -80,6 +80,9 @@ class SerialScheduler:
         while self._waiting:
             finish(self._waiting.popleft(), FinishReason.CANCELLED, 0)
 
+    def close(self) -> None:
+        pass
+
     def check_integrity(self) -> None:
         c = self.counters
         assert c.submitted - c.finished == len(self._waiting) + self.active_rows()

@@ -62,8 +62,10 @@ class BatchPlan:
 
 @dataclass(frozen=True)
 class CachePlan:
-    kind: str  # none | ram
-    ram_bytes: int  # effective RAM tier cap (0: none)
+    kind: str  # none | ram | ssd | tiered
+    ram_bytes: int  # effective RAM tier cap (0: no RAM tier)
+    ssd_bytes: int  # effective SSD tier cap (0: no SSD tier)
+    ssd_path: str | None  # the root; entries live under <root>/<fingerprint>/
 
 
 @dataclass(frozen=True)

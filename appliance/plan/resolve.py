@@ -40,7 +40,7 @@ PLACEMENT = {
     "sliding": "BatchRotatingKVCache: each row keeps its last sliding_window tokens",
     "recurrent": "ArraysCache: constant-size state per row, merged along the batch",
 }
-CACHES = ("none", "ram")
+CACHES = ("none", "ram", "ssd", "tiered")
 BACKENDS = ("auto", "metal", "cuda", "cpu")
 
 
@@ -131,12 +131,18 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                         "prompt from scratch; use batch=continuous, or cache=none")
     if b.max_queue < 0:
         problems.append(f"batch.max_queue={b.max_queue} must be >= 0")
-    ram_cap = 0
-    if cfg.cache.kind == "ram":
-        try:
-            ram_cap = parse_size(cfg.cache.ram.bytes)
-        except ValueError as e:
-            problems.append(f"cache.ram.bytes: {e}")
+    ram_cap = ssd_cap = 0
+    for tier, kinds in (("ram", ("ram", "tiered")), ("ssd", ("ssd", "tiered"))):
+        if cfg.cache.kind in kinds:
+            try:
+                size = parse_size(getattr(cfg.cache, tier).bytes)
+            except ValueError as e:
+                problems.append(f"cache.{tier}.bytes: {e}")
+                continue
+            if tier == "ram":
+                ram_cap = size
+            else:
+                ssd_cap = size
     kv_budget = None
     if b.kv_budget != "auto":
         try:
@@ -249,7 +255,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                       placement=placement, lone_row=lone_row)
     return ExecutionPlan(
         model=model, kv=kv, draft=draft, batch=batch,
-        cache=CachePlan(kind=cfg.cache.kind, ram_bytes=ram_cap), server=server,
+        cache=CachePlan(kind=cfg.cache.kind, ram_bytes=ram_cap, ssd_bytes=ssd_cap,
+                        ssd_path=str(Path(cfg.cache.ssd.path).expanduser()) if ssd_cap else None),
+        server=server,
         machine=machine, memory=mem,
         profiles=tuple(profiles), notes=tuple(notes),
         fingerprint=fingerprint(model, kv, draft),

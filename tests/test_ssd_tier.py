@@ -1,0 +1,162 @@
+"""The SSD tier: restart, fingerprint namespace, corruption, a disk that fails."""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+import pytest
+from conftest import app_for
+from harness import Collector, drive
+
+from appliance import oracle
+from appliance.engine import GenerationRequest
+from appliance.engine.budget import Budget, KVShape
+from appliance.engine.continuous import ContinuousScheduler
+from appliance.engine.prefix_cache import PrefixCache, RamTier
+from appliance.engine.ssd_tier import SsdTier
+
+FP = "fp_test"
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen3-next"])
+def loaded(request):
+    return oracle.load(oracle.model_path(request.param), "float32")
+
+
+def _process(model, tok, root, fingerprint=FP, ram=True):
+    """What a fresh appliance process has: an empty RAM tier, the SSD tier on `root`."""
+    prefix = PrefixCache(ram=RamTier(1 << 30) if ram else None,
+                         ssd=SsdTier(root, 1 << 30, fingerprint))
+    return ContinuousScheduler(model, set(tok.eos_token_ids), 4, 32,
+                               Budget(1 << 40, KVShape(1, 0, 0, 0)), prefix=prefix)
+
+
+def _reqs(tok):
+    ids = oracle.batch_prompts(tok)
+    system = ids["b"][:40]
+    return (GenerationRequest(system + ids["a"][:20], 10, checkpoints=(40,)),
+            GenerationRequest(system + ids["c"][:15], 10, checkpoints=(40,)))
+
+
+def _run(s, req):
+    c = Collector(req)
+    drive(s, [(0, "insert", "r")], {"r": c})
+    return c
+
+
+def _cold(model, tok, req, tmp_path):
+    return _run(_process(model, tok, tmp_path / "cold", ram=False), req).tokens
+
+
+def test_prefixes_survive_a_restart(loaded, tmp_path):
+    model, tok = loaded
+    first, second = _reqs(tok)
+    a = _process(model, tok, tmp_path)
+    _run(a, first)
+    a.abort_all()
+    a.close()  # graceful shutdown: pending SSD writes finish
+    assert a.prefix.ssd.stats()["entries"] >= 2 and a.prefix.ssd.backlog() == 0
+
+    b = _process(model, tok, tmp_path)  # a new process: nothing in RAM
+    got = _run(b, second)
+    assert got.finished.cached_tokens == 40
+    assert b.prefix.ssd.hits == 1 and b.prefix.ssd.dropped == 0
+    assert got.tokens == _cold(model, tok, second, tmp_path)
+    b.close()
+
+
+def test_another_fingerprint_never_restores(loaded, tmp_path):
+    model, tok = loaded
+    first, second = _reqs(tok)
+    a = _process(model, tok, tmp_path)
+    _run(a, first)
+    a.close()
+    other = _process(model, tok, tmp_path, fingerprint="fp_other")
+    assert _run(other, second).finished.cached_tokens == 0
+    assert other.prefix.ssd.hits == 0
+    other.close()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_corrupt_blobs_are_dropped_with_a_warning(loaded, tmp_path, caplog, damage):
+    model, tok = loaded
+    first, second = _reqs(tok)
+    a = _process(model, tok, tmp_path)
+    _run(a, first)
+    a.close()
+    blobs = sorted((tmp_path / FP / "blobs").glob("*.safetensors"))
+    assert blobs
+    for blob in blobs:
+        data = bytearray(blob.read_bytes())
+        if damage == "truncate":
+            blob.write_bytes(bytes(data[: len(data) // 2]))
+        else:
+            data[len(data) // 2] ^= 0xFF
+            blob.write_bytes(bytes(data))
+    b = _process(model, tok, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        got = _run(b, second)
+    assert got.finished.cached_tokens == 0  # never served
+    assert got.tokens == _cold(model, tok, second, tmp_path)
+    assert b.prefix.ssd.dropped == 1
+    assert sum("dropping" in r.message for r in caplog.records) == 1
+    b.close()
+    # the bad blob was replaced by the prefix b computed again: the next process uses it
+    c = _process(model, tok, tmp_path)
+    assert _run(c, second).finished.cached_tokens >= 40 and c.prefix.ssd.dropped == 0
+    c.close()
+
+
+def test_unusable_directory_disables_the_tier(loaded, tmp_path, caplog):
+    model, tok = loaded
+    first, _ = _reqs(tok)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should be")
+    with caplog.at_level(logging.WARNING):
+        s = _process(model, tok, blocker)
+    assert s.prefix.ssd.disabled and "disabled" in caplog.text
+    assert _run(s, first).finished.reason.value in ("length", "stop")  # serving goes on
+    s.close()
+
+
+def test_full_disk_disables_the_tier(loaded, tmp_path, caplog, monkeypatch):
+    model, tok = loaded
+    first, second = _reqs(tok)
+    import appliance.engine.ssd_tier as ssd_mod
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ssd_mod.os, "fsync", full)
+    s = _process(model, tok, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        _run(s, first)
+        s.prefix.ssd.close()
+    assert s.prefix.ssd.disabled and "No space left" in s.prefix.ssd.disabled
+    assert caplog.text.count("SSD prefix cache disabled") == 1
+    assert s.prefix.ssd.stats()["entries"] == 0
+
+
+def test_restart_over_http(tmp_path):
+    """Two real servers one after the other on one SSD directory: the second one's first
+    request reuses the first one's prefix."""
+    import httpx
+
+    overrides = ["cache=tiered", f"cache.ssd.path={tmp_path}"]
+    system = {"role": "system", "content": "You review Python patches carefully. " * 20}
+
+    def ask(url, plan, q):
+        body = {"model": plan.model.id, "max_tokens": 4,
+                "messages": [system, {"role": "user", "content": q}]}
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+
+    with app_for(overrides) as (plan, engine, url):
+        cold = ask(url, plan, "def g(y):")
+    with app_for(overrides) as (plan2, engine2, url2):
+        warm = ask(url2, plan2, "def g(y):")
+        ssd = httpx.get(f"{url2}/stats").json()["cache"]["ssd"]
+    assert plan.fingerprint == plan2.fingerprint
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 100
+    assert warm["choices"][0]["message"] == cold["choices"][0]["message"]
+    assert ssd["hits"] == 1 and ssd["disabled"] is None
