@@ -99,6 +99,20 @@ def test_decode_against_self(plan, tmp_path):
     assert (tmp_path / "bench.json").is_file()
 
 
+def test_prefix_cold_ram_ssd(plan, tmp_path):
+    """Cold, then RAM hits, then SSD restores in a restarted server: the cached token
+    counts prove which path served each (speed itself is not asserted)."""
+    from appliance.bench import run
+
+    cfg = BenchConfig(workload="prefix", prefix_tokens=[96], user_tokens=8)
+    row = run(plan, cfg, tmp_path)["result"]["rows"][0]
+    assert row["cold"]["cached_tokens"] == [0, 0, 0]
+    for phase in ("ram_hit", "ssd_restore"):
+        assert all(c >= 96 for c in row[phase]["cached_tokens"]), row[phase]
+        assert row[phase]["ratio_to_cold"] > 0
+    assert list((tmp_path / "ssd-96").iterdir())  # the SSD tier really wrote there
+
+
 def test_bench_refuses_bad_settings_listing_every_problem(plan, tmp_path):
     from appliance.bench import check, run
     from appliance.plan import PlanError

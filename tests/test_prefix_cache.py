@@ -123,3 +123,25 @@ def test_cached_tokens_in_usage_and_stats():
         ram = httpx.get(f"{url}/stats").json()["cache"]["ram"]
         assert ram["hits"] >= 1 and ram["hit_tokens"] > 100 and ram["bytes"] > 0
         assert plan.cache.ram_bytes == 4 * 1024**3
+
+
+def test_many_rows_sharing_and_evicting(loaded):
+    """Six agents, four rows, one system prefix, a RAM cap that forces evictions: every
+    row still equals its cold run, and the tier stays consistent."""
+    model, tok = loaded
+    ids = oracle.batch_prompts(tok)
+    system = ids["b"][:40]
+    tails = [ids[r][i: i + 12] for r in "acd" for i in (0, 9)]
+    reqs = {f"r{i}": GenerationRequest(system + t, 8, checkpoints=(40,))
+            for i, t in enumerate(tails)}
+    want = {r: _cold(model, tok, q) for r, q in reqs.items()}
+    probe = _sched(model, tok)
+    drive(probe, [(0, "insert", "p")], {"p": Collector(reqs["r0"])})
+    s = _sched(model, tok)
+    s.prefix.ram.cap_bytes = probe.prefix.nbytes  # room for one request's entries only
+    rows = {r: Collector(q) for r, q in reqs.items()}
+    drive(s, [(2 * i, "insert", r) for i, r in enumerate(rows)], rows)
+    assert {r: c.tokens for r, c in rows.items()} == want
+    assert s.prefix.ram.stats.evictions > 0 and s.prefix.ram.stats.hits > 0
+    assert sum(c.finished.cached_tokens > 0 for c in rows.values()) >= 3
+    s.prefix.check_integrity()

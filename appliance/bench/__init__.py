@@ -18,7 +18,7 @@ from pathlib import Path
 
 from appliance.plan import ExecutionPlan, PlanError
 
-WORKLOADS = ("fleet", "decode")
+WORKLOADS = ("fleet", "decode", "prefix")
 
 
 def _target_kind(target: str) -> str:
@@ -43,6 +43,8 @@ def check(cfg) -> list[str]:
     if not kind:
         problems.append(f"bench.target={cfg.target!r} is not supported; valid choices: self, "
                         "mlx_lm, or a server URL (http://host:port)")
+    if cfg.workload == "prefix" and kind != "self":
+        problems.append("bench=prefix restarts the appliance itself: bench.target must be self")
     if cfg.workload == "decode" and kind == "url":
         problems.append("bench=decode runs in-process: bench.target must be self or mlx_lm")
     for name, least in _MINIMUMS:
@@ -79,6 +81,15 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
     path = model_dir(plan)
     tokenizer = load_tokenizer(path)
     doc = {"label": report.label(plan, cfg), "workload": cfg.workload}
+    if cfg.workload == "prefix":
+        from appliance.bench.prefix import prefix_text, run_prefix
+
+        doc["target"] = {"kind": kind, "model": str(path)}
+        doc["result"] = run_prefix(plan, cfg, tokenizer, overrides, outdir)
+        out = report.write(outdir, doc)
+        print(prefix_text(doc))
+        print(f"BENCH prefix | {out}", flush=True)
+        return doc
     if cfg.workload == "decode":
         from appliance.bench.decode import run_decode
 

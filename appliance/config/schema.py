@@ -116,6 +116,7 @@ class BenchConfig:
     warmup: int = 1  # untimed requests first (JIT, caches)
     decode_tokens: int = 256  # decode workload: tokens per run
     repeats: int = 3  # decode workload: runs per contender
+    prefix_tokens: list[int] = field(default_factory=lambda: [2048, 8192])  # bench=prefix
     mlx_lm_args: str = ""  # target=mlx_lm: extra mlx_lm.server flags, e.g. "--prompt-cache-size 0"
 
 

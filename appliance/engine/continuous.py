@@ -80,6 +80,11 @@ class ContinuousScheduler:
         return len(self._waiting)
 
     def step(self) -> None:
+        self._step()
+        if self.prefix is not None and self.prefix.ssd is not None:
+            self.prefix.flush()  # after this step's tokens went out
+
+    def _step(self) -> None:
         self._reap_cancelled()
         if self._solo is not None and self._head_fits():
             self._hand_over()  # a second row can join: continue batched
@@ -223,14 +228,12 @@ class ContinuousScheduler:
     def _cache_limit(self) -> int | None:
         return None if self.ceiling is None else max(0, self.ceiling - self._live_kv_bytes())
 
-    def _store(self, tokens: list[int], cache: list) -> None:
-        self.prefix.insert(list(tokens), cache, limit=self._cache_limit())
+    def _store(self, tokens: list[int], cache: list, live: bool = False) -> None:
+        self.prefix.insert(list(tokens), cache, limit=self._cache_limit(), live=live)
 
     def _store_copy(self, tokens: list[int], cache: list) -> None:
-        """A checkpoint of a cache that goes on being filled: store a copy."""
-        import copy
-
-        self._store(tokens, copy.deepcopy(cache))
+        """A checkpoint of the solo row's cache, which goes on being filled."""
+        self._store(tokens, cache, live=True)
 
     def _emit(self, row: Row, tok: int, logprobs) -> bool:
         row.generated += 1

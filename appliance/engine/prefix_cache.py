@@ -16,6 +16,15 @@ from dataclasses import dataclass, field
 _END = -1  # trie key marking "an entry ends here"
 
 
+def snapshot(cache: list) -> list:
+    """A copy of a cache that goes on being filled, as cheap as is safe: a KVCache only
+    ever writes past its offset (or into a new, larger buffer), so its arrays can be
+    shared; other layer kinds (a wrapping window, recurrent state) are copied."""
+    from mlx_lm.models.cache import KVCache
+
+    return [copy.copy(c) if type(c) is KVCache else copy.deepcopy(c) for c in cache]
+
+
 @dataclass
 class TierStats:
     hits: int = 0
@@ -120,6 +129,7 @@ class PrefixCache:
 
     def __init__(self, ram: RamTier | None = None, ssd=None):
         self.ram, self.ssd = ram, ssd
+        self._to_disk: list[tuple[list[int], list]] = []  # serialized after the step
 
     def __len__(self) -> int:
         return len(self.ram) if self.ram is not None else 0
@@ -139,11 +149,23 @@ class PrefixCache:
                 return m, restored
         return n, cache
 
-    def insert(self, tokens: list[int], cache: list, limit: int | None = None) -> None:
+    def insert(self, tokens: list[int], cache: list, limit: int | None = None,
+               live: bool = False) -> None:
+        """`live`: the cache goes on being filled (a checkpoint mid-prefill): store a
+        snapshot. Serializing for the SSD waits for `flush()`, after the step's tokens
+        are out, so it never delays a first token."""
+        if live:
+            cache = snapshot(cache)
         if self.ssd is not None:
-            self.ssd.put(tokens, cache)
+            self._to_disk.append((list(tokens), cache))
         if self.ram is not None:
             self.ram.insert(tokens, cache, limit)
+
+    def flush(self) -> None:
+        """Hand this step's new entries to the SSD writer (serialization is MLX work)."""
+        pending, self._to_disk = self._to_disk, []
+        for tokens, cache in pending:
+            self.ssd.put(tokens, cache)
 
     def trim(self, limit: int) -> None:
         if self.ram is not None:
@@ -151,6 +173,7 @@ class PrefixCache:
 
     def close(self) -> None:
         if self.ssd is not None:
+            self.flush()
             self.ssd.close()
 
     def stats(self) -> dict:
