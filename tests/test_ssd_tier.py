@@ -160,3 +160,32 @@ def test_restart_over_http(tmp_path):
     assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 100
     assert warm["choices"][0]["message"] == cold["choices"][0]["message"]
     assert ssd["hits"] == 1 and ssd["disabled"] is None
+
+
+def test_a_foreign_blob_with_a_consistent_index_row_is_not_served(loaded, tmp_path, caplog):
+    """Another plan's blob copied over one of ours, index row and all (so the checksum
+    matches): its metadata names the other fingerprint, and it is dropped."""
+    import zlib
+
+    model, tok = loaded
+    first, second = _reqs(tok)
+    for fp in (FP, "fp_other"):
+        s = _process(model, tok, tmp_path, fingerprint=fp)
+        _run(s, first)
+        s.close()
+    ours, theirs = tmp_path / FP, tmp_path / "fp_other"
+    import diskcache
+
+    index = diskcache.Cache(str(ours / "index"))
+    for key in list(index):
+        meta = index[key]
+        data = (theirs / "blobs" / meta["file"]).read_bytes()
+        (ours / "blobs" / meta["file"]).write_bytes(data)
+        index[key] = {**meta, "nbytes": len(data), "crc": zlib.crc32(data)}
+    index.close()
+    b = _process(model, tok, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        got = _run(b, second)
+    assert got.finished.cached_tokens == 0 and b.prefix.ssd.dropped == 1
+    assert "another plan" in caplog.text
+    b.close()

@@ -81,6 +81,7 @@ class ContinuousScheduler:
 
     def step(self) -> None:
         self._step()
+        self.counters.kv_bytes = self._live_kv_bytes()
         if self.prefix is not None and self.prefix.ssd is not None:
             self.prefix.flush()  # after this step's tokens went out
 
@@ -117,7 +118,6 @@ class ContinuousScheduler:
             if self.prefix is not None and r.finish_reason is not None and r.prompt_cache:
                 self._store(r.all_tokens, r.prompt_cache)  # the whole turn
             self._on_token(r)
-        self.counters.kv_bytes = self._gen.prompt_cache_nbytes
         if self.prefix is not None and self.ceiling is not None:
             self.prefix.trim(self._cache_limit())
 
