@@ -16,6 +16,10 @@ test *ARGS:
 lint:
     ruff check appliance tests
 
+# measure (bench=fleet|decode|prefix; sweep with: just bench -m batch.max_rows=1,4,8)
+bench *ARGS:
+    appliance mode=bench {{ARGS}}
+
 # regenerate goldens/<backend>/ from mlx-lm directly (only when the model or versions change)
 goldens:
     python -m appliance.oracle
