@@ -16,9 +16,13 @@ test *ARGS:
 lint:
     ruff check appliance tests
 
-# measure (bench=fleet|decode|prefix; sweep with: just bench -m batch.max_rows=1,4,8)
+# measure once (bench=fleet|decode|prefix); results in ./bench/<time>/
 bench *ARGS:
     appliance mode=bench {{ARGS}}
+
+# sweep and compare, e.g. just sweep batch.max_rows=1,4,8; results in ./multirun/
+sweep *ARGS:
+    appliance -m mode=bench {{ARGS}}
 
 # regenerate goldens/<backend>/ from mlx-lm directly (only when the model or versions change)
 goldens:
