@@ -145,3 +145,23 @@ def test_many_rows_sharing_and_evicting(loaded):
     assert s.prefix.ram.stats.evictions > 0 and s.prefix.ram.stats.hits > 0
     assert sum(c.finished.cached_tokens > 0 for c in rows.values()) >= 3
     s.prefix.check_integrity()
+
+
+def test_checkpoints_at_every_message_end(engine, plan):
+    """A conversation's message ends become checkpoints: a branch that shares the first
+    turns (not only the system prompt) reuses them."""
+    from appliance.api.requests import prepare_chat
+    from appliance.api.schemas import ChatCompletionRequest, ChatMessage
+
+    msgs = [("system", "You write Python."), ("user", "def add(a, b):"),
+            ("assistant", "return a + b"), ("user", "now subtract")]
+    body = ChatCompletionRequest(model=plan.model.id,
+                                 messages=[ChatMessage(role=r, content=c) for r, c in msgs])
+    prep = prepare_chat(body, plan, engine.tokenizer)
+    ids = prep.engine_request.prompt
+    cps = prep.engine_request.checkpoints
+    assert len(cps) == 3 and list(cps) == sorted(cps) and cps[-1] < len(ids)
+    for k, cp in zip(range(1, 4), cps, strict=True):
+        head = engine.tokenizer.apply_chat_template(
+            [{"role": r, "content": c} for r, c in msgs[:k]], add_generation_prompt=False)
+        assert ids[:cp] == list(head)

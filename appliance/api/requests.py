@@ -131,7 +131,7 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
     except Exception as e:  # template errors (e.g. bad role order) are the caller's
         raise invalid("messages", f"the chat template rejected them: {e}") from e
     ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    checkpoints = _system_boundary(tokenizer, messages, body.tools, ids)
+    checkpoints = _message_boundaries(tokenizer, messages, body.tools, ids)
     if body.max_completion_tokens is not None:
         name, requested = "max_completion_tokens", body.max_completion_tokens
     else:
@@ -145,21 +145,28 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
                     bool((body.stream_options or {}).get("include_usage")))
 
 
-def _system_boundary(tokenizer, messages: list[dict], tools, ids: list[int]) -> tuple[int, ...]:
-    """Where the leading system messages end in `ids`: the prefix every agent sharing that
-    system prompt (and tools) has in common, so a prefix-cache checkpoint belongs there."""
-    n = 0
-    while n < len(messages) and messages[n]["role"] in ("system", "developer"):
-        n += 1
-    if n == 0 or n == len(messages):
-        return ()
-    try:
-        head = tokenizer.apply_chat_template(messages[:n], add_generation_prompt=False,
-                                             tools=tools, tokenize=True)
-    except Exception:  # a template that insists on a user turn: no checkpoint, not an error
-        return ()
-    head = list(head["input_ids"] if isinstance(head, dict) else head)
-    return (len(head),) if 0 < len(head) < len(ids) and ids[:len(head)] == head else ()
+MAX_CHECKPOINT_RENDERS = 8  # templates rendered per request to find message ends
+
+
+def _message_boundaries(tokenizer, messages: list[dict], tools, ids: list[int]) -> tuple[int, ...]:
+    """Where messages end in `ids`: prefixes other requests share (the system prompt for
+    every agent, earlier turns for a branch), so prefix-cache checkpoints belong there.
+    Short conversations get every message end; long ones the system end and the last two."""
+    n = len(messages)
+    n_sys = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")),
+                 n)
+    ks = range(1, n) if n <= MAX_CHECKPOINT_RENDERS else sorted({n_sys, n - 2, n - 1} - {0, n})
+    out = []
+    for k in ks:
+        try:
+            head = tokenizer.apply_chat_template(messages[:k], add_generation_prompt=False,
+                                                 tools=tools, tokenize=True)
+        except Exception:  # e.g. a template that needs a user turn first: no checkpoint here
+            continue
+        head = list(head["input_ids"] if isinstance(head, dict) else head)
+        if 0 < len(head) < len(ids) and ids[:len(head)] == head:
+            out.append(len(head))
+    return tuple(out)
 
 
 def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
