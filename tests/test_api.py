@@ -145,3 +145,16 @@ def test_disconnect_cancels_generation(server, plan, engine):
     # and the server still answers
     r = httpx.post(f"{server}/v1/completions", json={**body, "stream": False, "max_tokens": 2})
     assert r.status_code == 200
+
+
+def test_non_streaming_disconnect_cancels_too(server, plan, engine):
+    before = engine.stats()["tokens_generated"]
+    no_eos = {str(t): -100 for t in engine.eos_ids}
+    body = {"model": plan.model.id, "prompt": "def ", "max_tokens": 3000, "logit_bias": no_eos}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=1.0)  # the client gives up
+    deadline = time.time() + 30
+    while engine.stats()["active_rows"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.stats()["active_rows"] == 0
+    assert engine.stats()["tokens_generated"] - before < 3000
