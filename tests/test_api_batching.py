@@ -120,3 +120,23 @@ def test_logprobs_over_http(client, plan):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=plan.model.id, max_tokens=2, top_logprobs=2,
                                        messages=[{"role": "user", "content": "x"}])
+
+
+def test_a_forward_error_is_a_500_and_serving_goes_on(monkeypatch):
+    with app_for([]) as (plan, engine, url):
+        model_cls = type(engine.model)
+        real = model_cls.__call__
+        body = {"model": plan.model.id, "prompt": "def ", "max_tokens": 4}
+
+        def broken(self, *a, **kw):
+            raise RuntimeError("device lost")
+
+        monkeypatch.setattr(model_cls, "__call__", broken)
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        s = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=60)
+        monkeypatch.setattr(model_cls, "__call__", real)
+        assert r.status_code == 500 and "device lost" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "server_error"
+        assert s.status_code == 500 and "device lost" in s.json()["error"]["message"]
+        ok = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4

@@ -73,6 +73,8 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
     gen = generate_text(state.engine, state.tokenizer, prep.engine_request, prep.stop)
     # Refusals (400/429) must be HTTP errors, not a broken stream: wait for the first piece.
     first = await _unless_disconnected(request, gen, gen.__anext__())
+    if isinstance(first, Done) and first.error:  # failed before any token: a plain 500
+        raise APIError(500, f"generation failed: {first.error}", code="generation_error")
 
     async def frames() -> AsyncIterator[bytes]:
         env = wire.envelope(state.plan, fmt.chunk_kind, rid, created)
