@@ -102,8 +102,9 @@ class ContinuousScheduler:
             prompt_responses, responses = self._gen.next()
             if self.prefix is not None:  # checkpoints: a segment of some prompt just ended
                 ends = [p.uid for p in prompt_responses if p.end_of_segment and not p.end_of_prompt]
-                for cache, tokens in self._gen.extract_cache(ends).values():
-                    self._store(tokens, cache)
+                for uid, (cache, tokens) in self._gen.extract_cache(ends).items():
+                    req = self._rows[uid].handle.request
+                    self._store(tokens, cache, durable=self._durable(req, len(tokens)))
         except Exception as e:  # a failed forward fails the rows in flight, not the server
             self._fail_all(f"{type(e).__name__}: {e}")
             return
@@ -165,7 +166,8 @@ class ContinuousScheduler:
         try:
             decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
                               cached=cached, checkpoints=r.checkpoints,
-                              on_checkpoint=self._store_copy if self.prefix is not None else None)
+                              on_checkpoint=self._checkpointer(r) if self.prefix is not None
+                              else None)
         except Exception as e:  # e.g. an empty prompt: this request only
             self.budget.release(h.id)
             self.counters.finished += 1
@@ -228,12 +230,23 @@ class ContinuousScheduler:
     def _cache_limit(self) -> int | None:
         return None if self.ceiling is None else max(0, self.ceiling - self._live_kv_bytes())
 
-    def _store(self, tokens: list[int], cache: list, live: bool = False) -> None:
-        self.prefix.insert(list(tokens), cache, limit=self._cache_limit(), live=live)
+    def _store(self, tokens: list[int], cache: list, live: bool = False,
+               durable: bool = True) -> None:
+        self.prefix.insert(list(tokens), cache, limit=self._cache_limit(), live=live,
+                           durable=durable)
 
-    def _store_copy(self, tokens: list[int], cache: list) -> None:
-        """A checkpoint of the solo row's cache, which goes on being filled."""
-        self._store(tokens, cache, live=True)
+    @staticmethod
+    def _durable(request, n_tokens: int) -> bool:
+        """SSD keeps the first checkpoint (the shared system prompt) and whole turns; the
+        other message ends and the prompt end stay in RAM (each blob is a whole prefix)."""
+        return bool(request.checkpoints) and n_tokens == min(request.checkpoints)
+
+    def _checkpointer(self, request):
+        """on_checkpoint for the solo row, whose cache goes on being filled."""
+        def store(tokens: list[int], cache: list) -> None:
+            self._store(tokens, cache, live=True, durable=self._durable(request, len(tokens)))
+
+        return store
 
     def _emit(self, row: Row, tok: int, logprobs) -> bool:
         row.generated += 1

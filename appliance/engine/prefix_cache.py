@@ -150,13 +150,14 @@ class PrefixCache:
         return n, cache
 
     def insert(self, tokens: list[int], cache: list, limit: int | None = None,
-               live: bool = False) -> None:
+               live: bool = False, durable: bool = True) -> None:
         """`live`: the cache goes on being filled (a checkpoint mid-prefill): store a
-        snapshot. Serializing for the SSD waits for `flush()`, after the step's tokens
-        are out, so it never delays a first token."""
+        snapshot. `durable`: also write it to SSD (each blob holds its whole prefix, so
+        only the entries worth a restart go there). Serializing for the SSD waits for
+        `flush()`, after the step's tokens are out, so it never delays a first token."""
         if live:
             cache = snapshot(cache)
-        if self.ssd is not None:
+        if self.ssd is not None and durable:
             self._to_disk.append((list(tokens), cache))
         if self.ram is not None:
             self.ram.insert(tokens, cache, limit)
