@@ -35,7 +35,7 @@ def test_longest_prefix_refresh_and_lru_by_bytes():
     assert t.lookup([1, 2, 3, 4, 5, 6])[0] == 3 and t.stats.evictions == 1
     t.check_integrity()
     t.trim(0)
-    assert len(t) == 0 and t.nbytes == 0 and t._trie == {}
+    assert len(t) == 0 and t.nbytes == 0 and t._trie.empty()
     t.insert([5], [Blob(500)])  # larger than the cap: not stored, nothing evicted for it
     assert len(t) == 0
 

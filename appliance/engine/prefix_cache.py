@@ -16,6 +16,52 @@ from dataclasses import dataclass, field
 _END = -1  # trie key marking "an entry ends here"
 
 
+class TokenTrie:
+    """Token-id sequences, for longest-stored-prefix queries. Both tiers index with it."""
+
+    def __init__(self):
+        self._root: dict = {}
+
+    def add(self, tokens) -> None:
+        node = self._root
+        for t in tokens:
+            node = node.setdefault(t, {})
+        node[_END] = True
+
+    def remove(self, tokens) -> None:
+        path, node = [], self._root
+        for t in tokens:
+            if t not in node:
+                return
+            path.append((node, t))
+            node = node[t]
+        node.pop(_END, None)
+        for parent, t in reversed(path):  # prune branches that hold nothing any more
+            if parent[t]:
+                break
+            del parent[t]
+
+    def longest(self, tokens) -> int:
+        """Length of the longest stored sequence that prefixes `tokens` (0: none)."""
+        node, best = self._root, 0
+        for i, t in enumerate(tokens):
+            node = node.get(t)
+            if node is None:
+                break
+            if _END in node:
+                best = i + 1
+        return best
+
+    def __len__(self) -> int:
+        def count(node) -> int:
+            return (_END in node) + sum(count(v) for k, v in node.items() if k != _END)
+
+        return count(self._root)
+
+    def empty(self) -> bool:
+        return not self._root
+
+
 def snapshot(cache: list) -> list:
     """A copy of a cache that goes on being filled, as cheap as is safe: a KVCache only
     ever writes past its offset (or into a new, larger buffer), so its arrays can be
@@ -47,7 +93,7 @@ class RamTier:
 
     cap_bytes: int
     stats: TierStats = field(default_factory=TierStats)
-    _trie: dict = field(default_factory=dict)
+    _trie: TokenTrie = field(default_factory=TokenTrie)
     _lru: OrderedDict = field(default_factory=OrderedDict)  # tokens -> _Entry, oldest first
     nbytes: int = 0
 
@@ -57,14 +103,8 @@ class RamTier:
     def lookup(self, tokens: list[int]) -> tuple[int, list | None]:
         """The longest stored prefix of tokens[:-1] (one token must remain to run):
         (its length, a private copy of its cache), or (0, None)."""
-        node, best = self._trie, None
-        for i, t in enumerate(tokens[:-1]):
-            node = node.get(t)
-            if node is None:
-                break
-            if _END in node:
-                best = i + 1
-        if best is None:
+        best = self._trie.longest(tokens[:-1])
+        if not best:
             self.stats.misses += 1
             return 0, None
         key = tuple(tokens[:best])
@@ -84,10 +124,7 @@ class RamTier:
             return  # would evict everything and still not fit
         if key in self._lru:
             self._remove(key)
-        node = self._trie
-        for t in key:
-            node = node.setdefault(t, {})
-        node[_END] = True
+        self._trie.add(key)
         self._lru[key] = _Entry(key, cache, nbytes)
         self.nbytes += nbytes
         self.stats.inserts += 1
@@ -102,24 +139,12 @@ class RamTier:
     def _remove(self, key: tuple[int, ...]) -> None:
         entry = self._lru.pop(key)
         self.nbytes -= entry.nbytes
-        path, node = [], self._trie
-        for t in key:
-            path.append((node, t))
-            node = node[t]
-        del node[_END]
-        for parent, t in reversed(path):  # prune branches that hold nothing any more
-            if parent[t]:
-                break
-            del parent[t]
+        self._trie.remove(key)
 
     def check_integrity(self) -> None:
         assert self.nbytes == sum(e.nbytes for e in self._lru.values())
         assert self.nbytes <= self.cap_bytes
-
-        def count(node) -> int:
-            return (_END in node) + sum(count(v) for k, v in node.items() if k != _END)
-
-        assert count(self._trie) == len(self._lru)
+        assert len(self._trie) == len(self._lru)
 
 
 class PrefixCache:

@@ -23,6 +23,8 @@ import time
 import zlib
 from pathlib import Path
 
+from appliance.engine.prefix_cache import TokenTrie
+
 log = logging.getLogger(__name__)
 
 
@@ -40,7 +42,7 @@ class SsdTier:
         self.hits = self.misses = self.hit_tokens = self.evictions = self.writes = 0
         self.dropped = 0  # corrupt / foreign blobs found and removed
         self._meta: dict[str, dict] = {}  # key -> {tokens, file, nbytes, crc, used}
-        self._trie: dict = {}
+        self._trie = TokenTrie()
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # _meta / _trie: engine thread reads, writer writes
         try:
@@ -69,15 +71,8 @@ class SsdTier:
 
     def longest(self, tokens: list[int]) -> int:
         """Length of the longest stored prefix of tokens[:-1] (0: none)."""
-        node, best = self._trie, 0
         with self._lock:
-            for i, t in enumerate(tokens[:-1]):
-                node = node.get(t)
-                if node is None:
-                    break
-                if None in node:
-                    best = i + 1
-        return best
+            return self._trie.longest(tokens[:-1])
 
     def load(self, tokens: list[int], n: int) -> list | None:
         """The cache stored for tokens[:n], verified; None (and the entry dropped) if bad."""
@@ -168,14 +163,14 @@ class SsdTier:
         self._index.set(key, meta)
         with self._lock:
             self._meta[key] = meta
-            self._trie_add(tokens)
+            self._trie.add(tokens)
         self.writes += 1
 
     def _remove(self, key: str) -> None:
         with self._lock:
             meta = self._meta.pop(key, None)
             if meta is not None:
-                self._trie_del(meta["tokens"])
+                self._trie.remove(meta["tokens"])
         self._index.delete(key)
         if meta is not None:
             (self.dir / "blobs" / meta["file"]).unlink(missing_ok=True)
@@ -189,30 +184,11 @@ class SsdTier:
                 self._index.delete(key)
                 continue
             self._meta[key] = meta
-            self._trie_add(meta["tokens"])
+            self._trie.add(meta["tokens"])
         known = {m["file"] for m in self._meta.values()}
         for f in (self.dir / "blobs").iterdir():  # crash leftovers
             if f.name not in known:
                 f.unlink(missing_ok=True)
-
-    def _trie_add(self, tokens: list[int]) -> None:
-        node = self._trie
-        for t in tokens:
-            node = node.setdefault(t, {})
-        node[None] = True
-
-    def _trie_del(self, tokens: list[int]) -> None:
-        path, node = [], self._trie
-        for t in tokens:
-            if t not in node:
-                return
-            path.append((node, t))
-            node = node[t]
-        node.pop(None, None)
-        for parent, t in reversed(path):
-            if parent[t]:
-                break
-            del parent[t]
 
     def _disable(self, why: str) -> None:
         if not self.disabled:
