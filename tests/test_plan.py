@@ -84,6 +84,7 @@ def test_batch_plan_states_placement_and_budget():
     assert "BatchKVCache" in plan.batch.placement["full"]
     explicit = resolve_overrides(["batch.kv_budget=512MiB"])
     assert explicit.batch.kv_budget_bytes == 512 * 1024**2
+    assert "until a second row is admitted" in plan.batch.lone_row  # stated, not silent
     serial = resolve_overrides(["batch=serial"])
     assert serial.batch.max_rows == 1
     assert serial.batch.placement == {"full": "one row at a time"}
