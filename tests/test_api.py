@@ -10,6 +10,8 @@ import openai
 import pytest
 from conftest import golden
 
+from appliance import oracle
+
 GOLDEN = golden("tiny")
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 
@@ -158,3 +160,21 @@ def test_non_streaming_disconnect_cancels_too(server, plan, engine):
         time.sleep(0.05)
     assert engine.stats()["active_rows"] == 0
     assert engine.stats()["tokens_generated"] - before < 3000
+
+
+def test_http_equals_a_live_mlx_lm_run(client, plan):
+    """Beyond the goldens: prompts chosen now, served over HTTP, against mlx-lm run directly
+    on the model /v1/plan names, in the plan's dtype."""
+    model, tok = oracle.load(plan.model.path, plan.model.dtype)
+    prompt = "class Cache:\n    def get(self, key):\n        "
+    want = oracle.generate(model, tok, tok.encode(prompt), 20,
+                           {"temperature": 0.9, "top_k": 30, "seed": 21})
+    r = client.completions.create(model=plan.model.id, prompt=prompt, max_tokens=20,
+                                  temperature=0.9, seed=21, extra_body={"top_k": 30})
+    assert r.choices[0].text == tok.decode(want)
+    messages = [{"role": "system", "content": "Answer in Python."},
+                {"role": "user", "content": "Parse a CSV line."}]
+    ids = oracle.prompt_ids(tok, {"kind": "chat", "messages": messages})
+    want = oracle.generate(model, tok, ids, 16, {})
+    r = client.chat.completions.create(model=plan.model.id, messages=messages, max_tokens=16)
+    assert r.choices[0].message.content == tok.decode(want)
