@@ -28,6 +28,18 @@ from appliance.engine.prefix_cache import TokenTrie
 log = logging.getLogger(__name__)
 
 
+def _trimmed(c):
+    """A KVCache's state is its whole buffer (grown 256 slots at a time): persist only the
+    `offset` tokens that hold data. Other layer kinds are saved as they are."""
+    from mlx_lm.models.cache import KVCache
+
+    if type(c) is not KVCache or c.keys is None or c.keys.shape[2] == c.offset:
+        return c
+    t = KVCache()
+    t.keys, t.values, t.offset = c.keys[..., :c.offset, :], c.values[..., :c.offset, :], c.offset
+    return t
+
+
 def _key(tokens) -> str:
     import array
 
@@ -116,8 +128,8 @@ class SsdTier:
             self._meta[key]["used"] = time.time()
             return
         buf = io.BytesIO()
-        save_prompt_cache(buf, cache, {"fingerprint": self.fingerprint,
-                                       "n_tokens": str(len(tokens))})
+        save_prompt_cache(buf, [_trimmed(c) for c in cache],
+                          {"fingerprint": self.fingerprint, "n_tokens": str(len(tokens))})
         self._queue.put(("put", key, list(tokens), buf.getvalue()))
 
     def close(self) -> None:
