@@ -17,6 +17,7 @@ kernels may differ in the last bits.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from importlib.metadata import version
 from pathlib import Path
@@ -44,6 +45,10 @@ CASES = [
      "sampling": {"temperature": 0.7, "seed": 3},
      "messages": [{"role": "user", "content": "import json"}]},
 ]
+
+
+def _config_sha256(path: str) -> str:
+    return hashlib.sha256((Path(path) / "config.json").read_bytes()).hexdigest()
 
 
 def load(path: str, dtype: str):
@@ -182,8 +187,7 @@ def run_batch_schedule(model, tokenizer, schedule: dict) -> dict[str, list[int]]
 def make_batch_goldens(path: str, dtype: str, model_name: str) -> Path:
     model, tokenizer = load(path, dtype)
     doc = {"model": model_name, "dtype": dtype, "backend": backend(),
-           "config_sha256": __import__("hashlib").sha256(
-               (Path(path) / "config.json").read_bytes()).hexdigest(),
+           "config_sha256": _config_sha256(path),
            "versions": {"mlx": version("mlx"), "mlx-lm": version("mlx-lm")},
            "generator": "python -m appliance.oracle (mlx_lm.generate.BatchGenerator)",
            "prefill_chunk": BATCH_PREFILL_CHUNK, "prefill_rows": BATCH_PREFILL_ROWS,
@@ -217,9 +221,9 @@ def make_goldens(path: str, dtype: str, model_name: str) -> Path:
         toks = generate(model, tokenizer, ids, case["max_tokens"], case.get("sampling", {}))
         results.append({**case, "prompt_ids": ids, "tokens": toks,
                         "text": tokenizer.decode(toks)})
-    config_sha = __import__("hashlib").sha256((Path(path) / "config.json").read_bytes())
+    config_sha = _config_sha256(path)
     doc = {"model": model_name, "dtype": dtype, "backend": backend(),
-           "config_sha256": config_sha.hexdigest(),
+           "config_sha256": config_sha,
            "versions": {"mlx": version("mlx"), "mlx-lm": version("mlx-lm")},
            "generator": "python -m appliance.oracle (mlx_lm.generate.generate_step)",
            "cases": results}

@@ -81,7 +81,9 @@ class ContinuousScheduler:
 
     def step(self) -> None:
         self._step()
-        self.counters.kv_bytes = self._live_kv_bytes()
+        live = self.counters.kv_bytes = self._live_kv_bytes()
+        if self.prefix is not None and self.ceiling is not None:
+            self.prefix.trim(max(0, self.ceiling - live))  # yield memory to the live rows
         if self.prefix is not None and self.prefix.ssd is not None:
             self.prefix.flush()  # after this step's tokens went out
 
@@ -119,8 +121,6 @@ class ContinuousScheduler:
             if self.prefix is not None and r.finish_reason is not None and r.prompt_cache:
                 self._store(r.all_tokens, r.prompt_cache)  # the whole turn
             self._on_token(r)
-        if self.prefix is not None and self.ceiling is not None:
-            self.prefix.trim(self._cache_limit())
 
     def close(self) -> None:
         """After abort_all: flush what the prefix cache still has to write."""

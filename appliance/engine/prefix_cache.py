@@ -119,7 +119,7 @@ class RamTier:
         if not key:
             return
         nbytes = sum(c.nbytes for c in cache)
-        budget = min(self.cap_bytes, self.cap_bytes if limit is None else limit)
+        budget = self.cap_bytes if limit is None else min(self.cap_bytes, limit)
         if nbytes > budget:
             return  # would evict everything and still not fit
         if key in self._lru:
@@ -165,8 +165,8 @@ class PrefixCache:
 
     def lookup(self, tokens: list[int]) -> tuple[int, list | None]:
         n, cache = self.ram.lookup(tokens) if self.ram is not None else (0, None)
-        if self.ssd is not None and self.ssd.longest(tokens) > n:
-            m = self.ssd.longest(tokens)
+        m = self.ssd.longest(tokens) if self.ssd is not None else 0
+        if m > n:
             restored = self.ssd.load(tokens, m)
             if restored is not None:
                 if self.ram is not None:
