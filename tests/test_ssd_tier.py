@@ -138,6 +138,25 @@ def test_full_disk_disables_the_tier(loaded, tmp_path, caplog, monkeypatch):
     assert s.prefix.ssd.stats()["entries"] == 0
 
 
+def test_a_write_that_hits_a_full_device_disables_the_tier(loaded, tmp_path, caplog):
+    """The blob's temporary file is /dev/full: MLX's own write fails, as on a full disk."""
+    from appliance.engine.ssd_tier import _key
+
+    model, tok = loaded
+    first, _ = _reqs(tok)
+    s = _process(model, tok, tmp_path)
+    blobs = s.prefix.ssd.dir / "blobs"
+    for tokens in (first.prompt[:40], first.prompt):  # the system checkpoint, and any turn
+        (blobs / f".tmp-{_key(tokens)}.safetensors").symlink_to("/dev/full")
+    with caplog.at_level(logging.WARNING):
+        got = _run(s, first)
+        s.prefix.ssd.close()
+    assert got.finished.reason.value in ("length", "stop")  # serving went on
+    assert s.prefix.ssd.disabled and "write failed" in s.prefix.ssd.disabled
+    assert caplog.text.count("SSD prefix cache disabled") == 1
+    assert s.prefix.ssd.stats()["entries"] == 0
+
+
 def test_restart_over_http(tmp_path):
     """Two real servers one after the other on one SSD directory: the second one's first
     request reuses the first one's prefix."""
@@ -165,7 +184,7 @@ def test_restart_over_http(tmp_path):
 def test_a_foreign_blob_with_a_consistent_index_row_is_not_served(loaded, tmp_path, caplog):
     """Another plan's blob copied over one of ours, index row and all (so the checksum
     matches): its metadata names the other fingerprint, and it is dropped."""
-    import zlib
+    from appliance.engine.ssd_tier import checksums
 
     model, tok = loaded
     first, second = _reqs(tok)
@@ -181,7 +200,8 @@ def test_a_foreign_blob_with_a_consistent_index_row_is_not_served(loaded, tmp_pa
         meta = index[key]
         data = (theirs / "blobs" / meta["file"]).read_bytes()
         (ours / "blobs" / meta["file"]).write_bytes(data)
-        index[key] = {**meta, "nbytes": len(data), "crc": zlib.crc32(data)}
+        crcs = checksums(theirs / "blobs" / meta["file"], len(data))
+        index[key] = {**meta, "nbytes": len(data), "crcs": crcs}
     index.close()
     b = _process(model, tok, tmp_path)
     with caplog.at_level(logging.WARNING):

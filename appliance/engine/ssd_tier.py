@@ -2,9 +2,12 @@
 
 Layout: <cache.ssd.path>/<plan fingerprint>/{index/, blobs/}. The fingerprint
 namespace means a process with another model, dtype or KV scheme never sees
-these entries. Blobs are written off the request path by one writer thread
-(temp file, fsync, rename, then the index row), checksummed (crc32 in the
-index) and verified before use: a corrupt, truncated or foreign blob is
+these entries. The engine thread only takes private, evaluated copies of the
+arrays (a device copy); one writer thread serializes them (temp file, fsync,
+rename, then the index row), so no request waits on the disk. Blobs are
+checksummed (a crc32 per 16 MiB chunk, in the index, so a restore verifies the
+chunks in parallel while MLX reads the file) and verified before use: a
+corrupt, truncated or foreign blob is
 dropped with one warning and never served. diskcache only indexes (cull_limit=0:
 its own culling evicts blindly, see the tech brief); eviction is ours, least
 recently used first, under the byte cap. A full disk or an unwritable
@@ -14,30 +17,56 @@ directory disables the tier with a warning; serving goes on.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import queue
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from appliance.engine.prefix_cache import TokenTrie
 
 log = logging.getLogger(__name__)
+CHUNK = 16 << 20  # bytes per checksummed chunk
+_POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                           thread_name_prefix="ssd-verify")  # zlib releases the GIL
 
 
-def _trimmed(c):
-    """A KVCache's state is its whole buffer (grown 256 slots at a time): persist only the
-    `offset` tokens that hold data. Other layer kinds are saved as they are."""
+def _chunk_crc(path: Path, offset: int) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return zlib.crc32(os.pread(fd, CHUNK, offset))
+    finally:
+        os.close(fd)
+
+
+def checksums(path: Path, size: int) -> list[int]:
+    """crc32 of each CHUNK-byte slice of the file, computed in parallel."""
+    return list(_POOL.map(lambda off: _chunk_crc(path, off), range(0, max(size, 1), CHUNK)))
+
+
+def _frozen(cache: list) -> list:
+    """What the writer thread serializes: each layer's state as new, evaluated, row-contiguous
+    arrays (so writing runs no MLX work there and never races the live cache). A KVCache's
+    buffer grows 256 slots at a time: only its `offset` filled slots are kept."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_map
     from mlx_lm.models.cache import KVCache
 
-    if type(c) is not KVCache or c.keys is None or c.keys.shape[2] == c.offset:
-        return c
-    t = KVCache()
-    t.keys, t.values, t.offset = c.keys[..., :c.offset, :], c.values[..., :c.offset, :], c.offset
-    return t
+    def own(x):
+        return mx.contiguous(x) if isinstance(x, mx.array) else x
+
+    out = []
+    for c in cache:
+        if type(c) is KVCache and c.keys is not None:
+            state = (c.keys[..., :c.offset, :], c.values[..., :c.offset, :], c.offset)
+        else:
+            state = c.state
+        out.append(type(c).from_state(tree_map(own, state)))
+    mx.eval([x for _, x in tree_flatten([c.state for c in out]) if isinstance(x, mx.array)])
+    return out
 
 
 def _key(tokens) -> str:
@@ -97,15 +126,17 @@ class SsdTier:
             return None
         path = self.dir / "blobs" / meta["file"]
         try:
-            data = path.read_bytes()
-            if len(data) != meta["nbytes"] or zlib.crc32(data) != meta["crc"]:
-                raise ValueError("checksum or length mismatch")
-            cache, info = load_prompt_cache(str(path), return_metadata=True)
-            if info.get("fingerprint") != self.fingerprint or int(info.get("n_tokens", -1)) != n:
-                raise ValueError("the blob belongs to another plan or prefix")
+            if path.stat().st_size != meta["nbytes"]:
+                raise ValueError("length mismatch")
+            verified = _POOL.submit(checksums, path, meta["nbytes"])  # while MLX reads it
             import mlx.core as mx
 
+            cache, info = load_prompt_cache(str(path), return_metadata=True)
             mx.eval([c.state for c in cache])  # read now: the file may be evicted later
+            if verified.result() != meta["crcs"]:
+                raise ValueError("checksum mismatch")
+            if info.get("fingerprint") != self.fingerprint or int(info.get("n_tokens", -1)) != n:
+                raise ValueError("the blob belongs to another plan or prefix")
         except Exception as e:
             self.dropped += 1
             self.misses += 1
@@ -118,19 +149,14 @@ class SsdTier:
         return cache
 
     def put(self, tokens: list[int], cache: list) -> None:
-        """Serialize on the engine thread (MLX), write on the writer thread (disk)."""
+        """Copy on the engine thread (a device copy), serialize and write on the writer's."""
         if self.disabled or not tokens:
             return
-        from mlx_lm.models.cache import save_prompt_cache
-
         key = _key(tokens)
         if key in self._meta:
             self._meta[key]["used"] = time.time()
             return
-        buf = io.BytesIO()
-        save_prompt_cache(buf, [_trimmed(c) for c in cache],
-                          {"fingerprint": self.fingerprint, "n_tokens": str(len(tokens))})
-        self._queue.put(("put", key, list(tokens), buf.getvalue()))
+        self._queue.put(("put", key, list(tokens), _frozen(cache)))
 
     def close(self) -> None:
         """Finish pending writes (graceful shutdown), then stop the writer."""
@@ -153,24 +179,36 @@ class SsdTier:
                     self._write(*item[1:])
                 elif item[0] == "drop":
                     self._remove(item[1])
-            except OSError as e:  # full disk, permissions: off, serving goes on
+            except (OSError, RuntimeError) as e:  # full disk (MLX raises RuntimeError for a
+                # failed write), permissions: off, serving goes on
                 self._disable(f"write failed: {e}")
 
-    def _write(self, key: str, tokens: list[int], data: bytes) -> None:
-        if len(data) > self.cap_bytes:
-            return
-        while self._meta and self.nbytes + len(data) > self.cap_bytes:
+    def _write(self, key: str, tokens: list[int], cache: list) -> None:
+        from mlx_lm.models.cache import save_prompt_cache
+
+        name = f"{key}.safetensors"
+        final, tmp = self.dir / "blobs" / name, self.dir / "blobs" / f".tmp-{name}"
+        try:
+            save_prompt_cache(str(tmp), cache,
+                              {"fingerprint": self.fingerprint, "n_tokens": str(len(tokens))})
+            size = tmp.stat().st_size
+            if size > self.cap_bytes:
+                return tmp.unlink()
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            crcs = checksums(tmp, size)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        while self._meta and self.nbytes + size > self.cap_bytes:
             oldest = min(self._meta, key=lambda k: self._meta[k]["used"])
             self._remove(oldest)
             self.evictions += 1
-        name = f"{key}.safetensors"
-        final, tmp = self.dir / "blobs" / name, self.dir / "blobs" / f".{name}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, final)
-        meta = {"tokens": tokens, "file": name, "nbytes": len(data), "crc": zlib.crc32(data),
+        meta = {"tokens": tokens, "file": name, "nbytes": size, "crcs": crcs,
                 "used": time.time()}
         self._index.set(key, meta)
         with self._lock:
