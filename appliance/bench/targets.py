@@ -67,9 +67,9 @@ def appliance_process(plan: ExecutionPlan, overrides: list[str], log_path: Path)
                 raise RuntimeError(f"served plan {fp} is not the benchmarked {plan.fingerprint}")
             yield url
         finally:
-            proc.terminate()  # SIGTERM: uvicorn shuts down, the engine stops
+            proc.terminate()  # SIGTERM: uvicorn shuts down, pending SSD writes finish
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=300)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -30,6 +30,7 @@ from appliance.engine.prefix_cache import TokenTrie
 
 log = logging.getLogger(__name__)
 CHUNK = 16 << 20  # bytes per checksummed chunk
+MAX_PENDING = 8  # queued writes; beyond this new entries are skipped (their copies hold memory)
 _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                            thread_name_prefix="ssd-verify")  # zlib releases the GIL
 
@@ -82,6 +83,7 @@ class SsdTier:
         self.disabled: str | None = None
         self.hits = self.misses = self.hit_tokens = self.evictions = self.writes = 0
         self.dropped = 0  # corrupt / foreign blobs found and removed
+        self.skipped = 0  # entries not written because the write queue was full
         self._meta: dict[str, dict] = {}  # key -> {tokens, file, nbytes, crc, used}
         self._trie = TokenTrie()
         self._queue: queue.Queue = queue.Queue()
@@ -156,12 +158,19 @@ class SsdTier:
         if key in self._meta:
             self._meta[key]["used"] = time.time()
             return
+        if self._queue.qsize() >= MAX_PENDING:  # the disk is slower than the traffic
+            self.skipped += 1
+            return
         self._queue.put(("put", key, list(tokens), _frozen(cache)))
 
     def close(self) -> None:
         """Finish pending writes (graceful shutdown), then stop the writer."""
+        t, pending = time.perf_counter(), self.backlog()
         self._queue.put(("stop",))
         self._writer.join()
+        if pending:
+            log.info("SSD prefix cache: finished %d pending writes in %.1f s", pending,
+                     time.perf_counter() - t)
 
     def check_integrity(self) -> None:
         assert self.disabled or self.nbytes <= self.cap_bytes
@@ -250,4 +259,5 @@ class SsdTier:
                 "entries": len(self._meta), "path": str(self.dir), "bytes": self.nbytes,
                 "cap_bytes": self.cap_bytes,
                 "evictions": self.evictions, "writes": self.writes, "dropped": self.dropped,
+                "skipped": self.skipped,
                 "write_backlog": self.backlog(), "disabled": self.disabled}
