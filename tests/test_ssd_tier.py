@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 
 import pytest
 from conftest import app_for
@@ -209,3 +210,44 @@ def test_a_foreign_blob_with_a_consistent_index_row_is_not_served(loaded, tmp_pa
     assert got.finished.cached_tokens == 0 and b.prefix.ssd.dropped == 1
     assert "another plan" in caplog.text
     b.close()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_server_gracefully(tmp_path, sig):
+    """`appliance` as a process: SIGTERM or Ctrl-C after a request ends it with exit code 0
+    only after the engine stopped and the SSD tier closed (its queue written out)."""
+    import signal
+    import subprocess
+    import sys
+
+    import diskcache
+    import httpx
+    from conftest import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "appliance.cli", f"server.port={port}", "cache=ssd",
+         f"cache.ssd.path={tmp_path}", "model.dtype=float32"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"model": "appliance-tiny", "max_tokens": 3, "messages": [
+            {"role": "system", "content": "You are terse. " * 30},
+            {"role": "user", "content": "def f(x):"}]}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        proc.send_signal(getattr(signal, sig))
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-2000:]
+    assert "SSD prefix cache closed: 2 entries on disk" in out and "stopped" in out, out[-2000:]
+    (index,) = tmp_path.glob("fp_*/index")
+    with diskcache.Cache(str(index)) as c:
+        assert len(c) == 2  # the system prompt's checkpoint and the whole turn

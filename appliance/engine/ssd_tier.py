@@ -168,9 +168,8 @@ class SsdTier:
         t, pending = time.perf_counter(), self.backlog()
         self._queue.put(("stop",))
         self._writer.join()
-        if pending:
-            log.info("SSD prefix cache: finished %d pending writes in %.1f s", pending,
-                     time.perf_counter() - t)
+        log.info("SSD prefix cache closed: %d entries on disk; %d pending writes finished "
+                 "in %.1f s", len(self._meta), pending, time.perf_counter() - t)
 
     def check_integrity(self) -> None:
         assert self.disabled or self.nbytes <= self.cap_bytes
