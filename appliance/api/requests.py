@@ -8,6 +8,8 @@ generation prompt.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 
 from appliance.api.errors import APIError, invalid
@@ -157,16 +159,26 @@ def _message_boundaries(tokenizer, messages: list[dict], tools, ids: list[int]) 
                  n)
     ks = range(1, n) if n <= MAX_CHECKPOINT_RENDERS else sorted({n_sys, n - 2, n - 1} - {0, n})
     out = []
+    tools_json = json.dumps(tools)  # key order kept: a template may render it
     for k in ks:
-        try:
-            head = tokenizer.apply_chat_template(messages[:k], add_generation_prompt=False,
-                                                 tools=tools, tokenize=True)
-        except Exception:  # e.g. a template that needs a user turn first: no checkpoint here
-            continue
-        head = list(head["input_ids"] if isinstance(head, dict) else head)
-        if 0 < len(head) < len(ids) and ids[:len(head)] == head:
+        head = _head_ids(tokenizer, json.dumps(messages[:k]), tools_json)
+        if head and len(head) < len(ids) and ids[:len(head)] == list(head):
             out.append(len(head))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _head_ids(tokenizer, messages_json: str, tools_json: str) -> tuple[int, ...]:
+    """The template's ids for the first messages of a conversation (no generation prompt).
+    Agents resend one system prompt and their earlier turns, so these repeat: each is
+    rendered and tokenized once (at 8k tokens that is ~8 ms off every request's path)."""
+    try:
+        head = tokenizer.apply_chat_template(json.loads(messages_json),
+                                             tools=json.loads(tools_json),
+                                             add_generation_prompt=False, tokenize=True)
+    except Exception:  # e.g. a template that needs a user turn first: no checkpoint here
+        return ()
+    return tuple(head["input_ids"] if isinstance(head, dict) else head)
 
 
 def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
