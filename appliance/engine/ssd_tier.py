@@ -44,7 +44,7 @@ def _chunk_crc(path: Path, offset: int) -> int:
 
 
 def checksums(path: Path, size: int) -> list[int]:
-    """crc32 of each CHUNK-byte slice of the file, computed in parallel."""
+    """crc32 of each CHUNK-byte slice of the file, computed in parallel (a restore waits)."""
     return list(_POOL.map(lambda off: _chunk_crc(path, off), range(0, max(size, 1), CHUNK)))
 
 
@@ -176,6 +176,10 @@ class SsdTier:
 
     # -- writer thread -------------------------------------------------------------
     def _write_loop(self) -> None:
+        try:  # Linux threads have their own nice value: compute for requests comes first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         while True:
             item = self._queue.get()
             if item[0] == "stop":
@@ -207,7 +211,7 @@ class SsdTier:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            crcs = checksums(tmp, size)
+            crcs = [_chunk_crc(tmp, off) for off in range(0, max(size, 1), CHUNK)]  # here, niced
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
