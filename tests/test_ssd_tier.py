@@ -47,7 +47,10 @@ def _run(s, req):
 
 
 def _cold(model, tok, req, tmp_path):
-    return _run(_process(model, tok, tmp_path / "cold", ram=False), req).tokens
+    s = _process(model, tok, tmp_path / "cold", ram=False)
+    tokens = _run(s, req).tokens
+    s.close()  # its writer must not outlive the test (others patch os.fsync)
+    return tokens
 
 
 def test_prefixes_survive_a_restart(loaded, tmp_path):

@@ -43,9 +43,11 @@ def _chunk_crc(path: Path, offset: int) -> int:
         os.close(fd)
 
 
-def checksums(path: Path, size: int) -> list[int]:
-    """crc32 of each CHUNK-byte slice of the file, computed in parallel (a restore waits)."""
-    return list(_POOL.map(lambda off: _chunk_crc(path, off), range(0, max(size, 1), CHUNK)))
+def checksums(path: Path, size: int, parallel: bool = True) -> list[int]:
+    """crc32 of each CHUNK-byte slice of the file: in parallel when a restore waits on it,
+    serially on the (niced) writer thread."""
+    mapper = _POOL.map if parallel else map
+    return list(mapper(lambda off: _chunk_crc(path, off), range(0, max(size, 1), CHUNK)))
 
 
 def _frozen(cache: list) -> list:
@@ -84,7 +86,7 @@ class SsdTier:
         self.hits = self.misses = self.hit_tokens = self.evictions = self.writes = 0
         self.dropped = 0  # corrupt / foreign blobs found and removed
         self.skipped = 0  # entries not written because the write queue was full
-        self._meta: dict[str, dict] = {}  # key -> {tokens, file, nbytes, crc, used}
+        self._meta: dict[str, dict] = {}  # key -> {tokens, file, nbytes, crcs, used}
         self._trie = TokenTrie()
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # _meta / _trie: engine thread reads, writer writes
@@ -211,7 +213,7 @@ class SsdTier:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            crcs = [_chunk_crc(tmp, off) for off in range(0, max(size, 1), CHUNK)]  # here, niced
+            crcs = checksums(tmp, size, parallel=False)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
