@@ -249,10 +249,9 @@ def test_a_signal_stops_the_server_gracefully(tmp_path, sig):
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    # Not killed by the signal: the engine stopped and the SSD tier closed first. (An
-    # intermittent SIGABRT in interpreter teardown *after* "stopped", "terminate called without
-    # an active exception" from a native thread, is a known open bug.)
-    assert proc.returncode not in (-signal.SIGTERM, -signal.SIGINT), out[-2000:]
+    # A clean exit: not killed by the signal before the SSD tier closed, and no abort at
+    # interpreter shutdown from a thread that ran MLX (see appliance/engine/threads.py).
+    assert proc.returncode == 0, out[-2000:]
     assert "SSD prefix cache closed: 2 entries on disk" in out, out[-2000:]
     assert "serve - stopped" in out, out[-2000:]
     (index,) = tmp_path.glob("fp_*/index")

@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 
+from appliance.engine import threads
 from appliance.engine.budget import Budget
 from appliance.engine.scheduler import Scheduler
 from appliance.engine.types import Event, Finished, GenerationRequest, Rejected
@@ -69,7 +70,7 @@ class Engine:
         self.eos_ids: set[int] = set()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count(1)
-        self._thread: threading.Thread | None = None
+        self._done: threading.Event | None = None  # set when the engine thread's work ended
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._queued = 0  # submitted, not yet handed to the scheduler
@@ -77,8 +78,7 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> Engine:
         """Start the engine thread and wait until the model is loaded."""
-        self._thread = threading.Thread(target=self._main, name="appliance-engine", daemon=True)
-        self._thread.start()
+        self._done = threads.start("appliance-engine", self._main)
         self._ready.wait()
         if self._load_error is not None:
             raise self._load_error
@@ -86,11 +86,11 @@ class Engine:
 
     def stop(self) -> None:
         """Cancel running and queued work, then join the thread."""
-        if self._thread is None:
+        if self._done is None:
             return
         self._queue.put(None)
-        self._thread.join()
-        self._thread = None
+        self._done.wait()
+        self._done = None
 
     # -- submitting (from any thread running an asyncio loop) ----------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:

@@ -26,6 +26,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from appliance.engine import threads
 from appliance.engine.prefix_cache import TokenTrie
 
 log = logging.getLogger(__name__)
@@ -102,8 +103,7 @@ class SsdTier:
             self._load_index()
         except Exception as e:  # unwritable, missing, corrupt index: off, with one warning
             self._disable(f"cannot use {self.dir}: {e}")
-        self._writer = threading.Thread(target=self._write_loop, name="ssd-writer", daemon=True)
-        self._writer.start()
+        self._writer_done = threads.start("ssd-writer", self._write_loop)
 
     # -- engine thread -------------------------------------------------------------
     @property
@@ -169,7 +169,7 @@ class SsdTier:
         """Finish pending writes (graceful shutdown), then stop the writer."""
         t, pending = time.perf_counter(), self.backlog()
         self._queue.put(("stop",))
-        self._writer.join()
+        self._writer_done.wait()
         log.info("SSD prefix cache closed: %d entries on disk; %d pending writes finished "
                  "in %.1f s", len(self._meta), pending, time.perf_counter() - t)
 
