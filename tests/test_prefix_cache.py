@@ -10,7 +10,7 @@ from appliance import oracle
 from appliance.engine import GenerationRequest, SamplingParams
 from appliance.engine.budget import Budget, KVShape
 from appliance.engine.continuous import ContinuousScheduler
-from appliance.engine.prefix_cache import PrefixCache, RamTier
+from appliance.engine.prefix_cache import PrefixCache, RamTier, TokenTrie
 
 
 class Blob:
@@ -18,6 +18,36 @@ class Blob:
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
+
+
+def test_trie_matches_a_plain_set_of_sequences():
+    """The radix tree against the obvious definition, through random adds and removes of
+    sequences that share prefixes, split edges and merge them back; deep ones too."""
+    import random
+
+    rng = random.Random(0)
+    stem = [rng.randrange(4) for _ in range(12)]
+    trie, stored = TokenTrie(), set()
+    for _ in range(3000):
+        seq = tuple(stem[:rng.randrange(13)] + [rng.randrange(3) for _ in range(rng.randrange(4))])
+        if seq and rng.random() < 0.6:
+            trie.add(seq)
+            stored.add(seq)
+        else:
+            trie.remove(seq)
+            stored.discard(seq)
+        q = stem[:rng.randrange(13)] + [rng.randrange(3) for _ in range(rng.randrange(5))]
+        assert trie.longest(q) == max((len(s) for s in stored if tuple(q[:len(s)]) == s),
+                                      default=0)
+        assert len(trie) == len(stored)
+    for seq in list(stored):
+        trie.remove(seq)
+    assert trie.empty()
+    deep = list(range(20_000))  # a node per token would recurse/allocate 20k deep
+    trie.add(deep)
+    trie.add(deep[:8000])
+    assert trie.longest(deep + [1]) == 20_000 and trie.longest(deep[:9000]) == 8000
+    assert len(trie) == 2
 
 
 def test_longest_prefix_refresh_and_lru_by_bytes():

@@ -24,7 +24,7 @@ from appliance.bench.targets import appliance_process
 from appliance.plan import ExecutionPlan
 
 N_PREFIXES = 3
-_OURS = ("cache", "server.max_context")
+_OURS = ("cache", "cache.ssd.path", "server.max_context")  # set here; cache.*.bytes pass through
 
 
 def _ttfts(url: str, ep: Endpoint, prompts: list[tuple[str, str]]) -> list[RequestResult]:
@@ -52,7 +52,7 @@ def _summary(results: list[RequestResult]) -> dict:
 
 def run_prefix(plan: ExecutionPlan, cfg, tokenizer, overrides: list[str], outdir: Path) -> dict:
     keep = [o for o in overrides
-            if not any(o.lstrip("+~").split("=", 1)[0].startswith(k) for k in _OURS)]
+            if o.lstrip("+~").split("=", 1)[0] not in _OURS]
     rows = []
     for size in cfg.prefix_tokens:
         text = fleet_prompts(tokenizer, size, cfg.user_tokens, 3 * N_PREFIXES + 2)
@@ -61,8 +61,8 @@ def run_prefix(plan: ExecutionPlan, cfg, tokenizer, overrides: list[str], outdir
         users = text.users[2:]
         ep = Endpoint("", plan.model.id, eos_bias(tokenizer), poll_stats=False)
         ssd = outdir / f"ssd-{size}"
-        ov = [*keep, "cache=tiered", f"cache.ssd.path={ssd}",
-              f"server.max_context={size + 4 * cfg.user_tokens + 64}"]
+        ov = ["cache=tiered", f"cache.ssd.path={ssd}",
+              f"server.max_context={size + 4 * cfg.user_tokens + 64}", *keep]
         with appliance_process(plan, ov, outdir / f"appliance-{size}.log") as url:
             _ttfts(url, ep, warm)
             cold = _ttfts(url, ep, [(s, users[i]) for i, s in enumerate(systems)])
