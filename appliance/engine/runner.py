@@ -64,7 +64,8 @@ class Decoder:
             if stops and pos == stops[0]:
                 stops.pop(0)
                 on_checkpoint(prompt[:pos], self.cache)
-            mx.clear_cache()
+            if n == prefill_chunk:  # free a long prefill's activations, as generate_step does;
+                mx.clear_cache()  # not a short suffix's (a cache hit): on CUDA it syncs the device
         self.pending, self.pending_logprobs = self._step(rest)
         mx.async_eval(self.pending, self.pending_logprobs)
         self.emitted = 0
@@ -87,7 +88,7 @@ class Decoder:
         tok = y.item()
         if not last:
             self.history.append(tok)  # fed to the cache by the step just queued
-        if self.emitted % 256 == 0:
+        if self.emitted and self.emitted % 256 == 0:  # not before the first token is out
             mx.clear_cache()
         self.emitted += 1
         return tok, logprobs
