@@ -70,6 +70,52 @@ def test_prefixes_survive_a_restart(loaded, tmp_path):
     b.close()
 
 
+def test_when_the_writer_may_write():
+    from appliance.engine.ssd_tier import MAX_DEFER_S, MAX_PENDING, QUIET_S, may_write
+
+    now = 100.0
+    assert not may_write(now, now, now, 0, False)  # the engine just stepped; a fresh entry
+    assert may_write(now, now - 2 * QUIET_S, now, 0, False)  # the engine went quiet
+    assert may_write(now, now, now - 2 * MAX_DEFER_S, 0, False)  # steady load: waited enough
+    assert may_write(now, now, now, MAX_PENDING // 2, False)  # the queue fills up
+    assert may_write(now, now, now, 0, True)  # shutting down
+
+
+def test_writes_wait_for_a_quiet_engine_and_count_as_backlog(loaded, tmp_path, monkeypatch):
+    import appliance.engine.ssd_tier as ssd_mod
+
+    monkeypatch.setattr(ssd_mod, "MAX_DEFER_S", 3600.0)
+    model, tok = loaded
+    first, _ = _reqs(tok)
+    s = _process(model, tok, tmp_path, ram=False)
+    ssd = s.prefix.ssd
+    ssd._last_step = float("inf")  # an engine that never stops stepping
+    _run(s, first)
+    ssd._last_step = float("inf")
+    time.sleep(0.5)
+    assert ssd.writes == 0 and ssd.backlog() == 2  # the system checkpoint and the turn
+    ssd._last_step = 0.0  # quiet now
+    for _ in range(200):
+        if ssd.writes == 2:
+            break
+        time.sleep(0.05)
+    assert ssd.writes == 2 and ssd.backlog() == 0
+    s.close()
+
+
+def test_closing_writes_what_a_busy_engine_deferred(loaded, tmp_path, monkeypatch):
+    import appliance.engine.ssd_tier as ssd_mod
+
+    monkeypatch.setattr(ssd_mod, "MAX_DEFER_S", 3600.0)
+    model, tok = loaded
+    first, _ = _reqs(tok)
+    s = _process(model, tok, tmp_path, ram=False)
+    _run(s, first)
+    s.prefix.ssd._last_step = float("inf")
+    s.close()
+    assert s.prefix.ssd.writes == 2 and s.prefix.ssd.stats()["entries"] == 2
+
+
 def test_another_fingerprint_never_restores(loaded, tmp_path):
     model, tok = loaded
     first, second = _reqs(tok)

@@ -235,6 +235,7 @@ class PrefixCache:
 
     def flush(self) -> None:
         """Hand this step's new entries to the SSD writer (serialization is MLX work)."""
+        self.ssd.note_step()
         pending, self._to_disk = self._to_disk, []
         for tokens, cache in pending:
             self.ssd.put(tokens, cache)

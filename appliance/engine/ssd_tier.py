@@ -4,7 +4,9 @@ Layout: <cache.ssd.path>/<plan fingerprint>/{index/, blobs/}. The fingerprint
 namespace means a process with another model, dtype or KV scheme never sees
 these entries. The engine thread only takes private, evaluated copies of the
 arrays (a device copy); one writer thread serializes them (temp file, fsync,
-rename, then the index row), so no request waits on the disk. Blobs are
+rename, then the index row), so no request waits on the disk. It starts a write
+once the engine has gone quiet (or the entry has waited MAX_DEFER_S, or the queue
+is half full), so serializing does not take cores from a request. Blobs are
 checksummed (a crc32 per 16 MiB chunk, in the index, so a restore verifies the
 chunks in parallel while MLX reads the file) and verified before use: a
 corrupt, truncated or foreign blob is
@@ -32,6 +34,17 @@ from appliance.engine.prefix_cache import TokenTrie
 log = logging.getLogger(__name__)
 CHUNK = 16 << 20  # bytes per checksummed chunk
 MAX_PENDING = 8  # queued writes; beyond this new entries are skipped (their copies hold memory)
+QUIET_S = 0.05  # a write starts once the engine has run no step for this long,
+MAX_DEFER_S = 2.0  # or once it has waited this long, or the queue is half full
+
+
+def may_write(now: float, last_step: float, queued_at: float, backlog: int,
+              closing: bool) -> bool:
+    """Serializing a blob competes with the engine for cores (and for the GPU's memory
+    traffic), so the writer waits for a quiet engine; under steady load it does not wait
+    for ever (the queue is bounded and its entries hold memory)."""
+    return (closing or backlog >= MAX_PENDING // 2 or now - last_step >= QUIET_S
+            or now - queued_at >= MAX_DEFER_S)
 _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                            thread_name_prefix="ssd-verify")  # zlib releases the GIL
 
@@ -90,6 +103,8 @@ class SsdTier:
         self._meta: dict[str, dict] = {}  # key -> {tokens, file, nbytes, crcs, used}
         self._trie = TokenTrie()
         self._queue: queue.Queue = queue.Queue()
+        self._in_hand = 0  # entries the writer took off the queue and has not finished
+        self._last_step, self._closing = 0.0, False
         self._lock = threading.Lock()  # _meta / _trie: engine thread reads, writer writes
         try:
             import diskcache
@@ -112,7 +127,11 @@ class SsdTier:
             return sum(m["nbytes"] for m in self._meta.values())
 
     def backlog(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + self._in_hand
+
+    def note_step(self) -> None:
+        """The engine ran a step (writes wait for it to go quiet)."""
+        self._last_step = time.monotonic()
 
     def longest(self, tokens: list[int]) -> int:
         """Length of the longest stored prefix of tokens[:-1] (0: none)."""
@@ -163,11 +182,12 @@ class SsdTier:
         if self._queue.qsize() >= MAX_PENDING:  # the disk is slower than the traffic
             self.skipped += 1
             return
-        self._queue.put(("put", key, list(tokens), _frozen(cache)))
+        self._queue.put(("put", key, list(tokens), _frozen(cache), time.monotonic()))
 
     def close(self) -> None:
         """Finish pending writes (graceful shutdown), then stop the writer."""
         t, pending = time.perf_counter(), self.backlog()
+        self._closing = True
         self._queue.put(("stop",))
         self._writer_done.wait()
         log.info("SSD prefix cache closed: %d entries on disk; %d pending writes finished "
@@ -190,12 +210,18 @@ class SsdTier:
                 continue
             try:
                 if item[0] == "put":
-                    self._write(*item[1:])
+                    self._in_hand = 1
+                    while not may_write(time.monotonic(), self._last_step, item[4],
+                                        self._queue.qsize(), self._closing):
+                        time.sleep(QUIET_S / 2)
+                    self._write(*item[1:4])
                 elif item[0] == "drop":
                     self._remove(item[1])
             except (OSError, RuntimeError) as e:  # full disk (MLX raises RuntimeError for a
                 # failed write), permissions: off, serving goes on
                 self._disable(f"write failed: {e}")
+            finally:
+                self._in_hand = 0
 
     def _write(self, key: str, tokens: list[int], cache: list) -> None:
         from mlx_lm.models.cache import save_prompt_cache
