@@ -85,7 +85,7 @@ class Engine:
         return self
 
     def stop(self) -> None:
-        """Cancel running and queued work, then join the thread."""
+        """Cancel running and queued work, then wait until the engine thread has finished it."""
         if self._done is None:
             return
         self._queue.put(None)

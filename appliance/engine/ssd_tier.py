@@ -36,6 +36,8 @@ CHUNK = 16 << 20  # bytes per checksummed chunk
 MAX_PENDING = 8  # queued writes; beyond this new entries are skipped (their copies hold memory)
 QUIET_S = 0.05  # a write starts once the engine has run no step for this long,
 MAX_DEFER_S = 2.0  # or once it has waited this long, or the queue is half full
+_POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                           thread_name_prefix="ssd-verify")  # zlib releases the GIL
 
 
 def may_write(now: float, last_step: float, queued_at: float, backlog: int,
@@ -45,8 +47,6 @@ def may_write(now: float, last_step: float, queued_at: float, backlog: int,
     for ever (the queue is bounded and its entries hold memory)."""
     return (closing or backlog >= MAX_PENDING // 2 or now - last_step >= QUIET_S
             or now - queued_at >= MAX_DEFER_S)
-_POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                           thread_name_prefix="ssd-verify")  # zlib releases the GIL
 
 
 def _chunk_crc(path: Path, offset: int) -> int:
