@@ -43,6 +43,12 @@ SHAPES: dict[str, dict] = {
         "head_dim": 128, "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
         "max_position_embeddings": 8192, "tie_word_embeddings": False,
         "torch_dtype": "bfloat16"},
+    "llama-3-70b": {
+        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
+        "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "max_position_embeddings": 8192, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16"},
 }
 
 _TINY_COMMON = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -147,6 +153,10 @@ def ensure(shape: str, dtype: str, bits: int | None, seed: int) -> Path:
         import mlx.nn as nn
 
         nn.quantize(model, group_size=q["group_size"], bits=q["bits"])
+    # one layer at a time: a 70B shape's bf16 weights would not fit in memory at once
+    for layer in getattr(model, "layers", []):
+        mx.eval(layer.parameters())
+    mx.eval(model.parameters())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
