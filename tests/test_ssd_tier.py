@@ -303,3 +303,92 @@ def test_a_signal_stops_the_server_gracefully(tmp_path, sig):
     (index,) = tmp_path.glob("fp_*/index")
     with diskcache.Cache(str(index)) as c:
         assert len(c) == 2  # the system prompt's checkpoint and the whole turn
+
+
+def _kv_layers(n_tokens: int, seed: int) -> list:
+    """Two layers of real mlx-lm KV caches holding exactly n_tokens (buffer == offset)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    mx.random.seed(seed)
+    out = []
+    for _ in range(2):
+        c = KVCache()
+        kv = mx.random.normal((2, 1, 2, n_tokens, 8))
+        c.update_and_fetch(kv[0], kv[1])
+        c.keys = mx.contiguous(c.keys[..., :n_tokens, :])  # as a restored or trimmed entry's
+        c.values = mx.contiguous(c.values[..., :n_tokens, :])
+        mx.eval(c.keys, c.values)
+        out.append(c)
+    return out
+
+
+def test_the_writer_serializes_one_buffer_of_its_own():
+    """Never a view of a RAM-tier entry, and one buffer per blob: on CUDA, reading a buffer
+    on the host moves it to managed memory (a device sync each time), and an entry's buffer
+    moved that way would be paged back to the GPU on its next hit."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import ArraysCache
+
+    from appliance.engine.ssd_tier import _frozen
+
+    def span(a):
+        start = np.asarray(a).__array_interface__["data"][0]
+        return start, start + a.nbytes
+
+    mixed = ArraysCache(3)  # odd sizes and mixed dtypes: every view must stay aligned
+    mixed.state = [mx.arange(5, dtype=mx.uint8), mx.arange(3, dtype=mx.uint32),
+                   mx.ones((2, 3), dtype=mx.float16)]
+    layers = [*_kv_layers(16, 0), mixed]
+    frozen = _frozen(layers)
+    pairs = [(a, b) for c, f in zip(layers, frozen, strict=True)
+             for a, b in zip(c.state, f.state, strict=True) if isinstance(a, mx.array)]
+    assert len(pairs) == 7 and frozen[0].offset == 16
+    for a, b in pairs:
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+        assert span(a)[1] <= span(b)[0] or span(b)[1] <= span(a)[0]  # a copy, not a view
+    ends = sorted(span(b) for _, b in pairs)
+    assert ends[-1][1] - ends[0][0] < sum(b.nbytes for _, b in pairs) + 16 * len(pairs)
+
+
+def _wait_written(ssd: SsdTier, n: int) -> None:
+    for _ in range(400):
+        if ssd.writes >= n and ssd.backlog() == 0:
+            return
+        time.sleep(0.025)
+    raise AssertionError(f"{ssd.writes} of {n} writes done")
+
+
+def test_a_ram_hit_keeps_its_prefix_on_ssd_across_restarts(tmp_path):
+    """LRU on SSD counts uses served from RAM too: the system prompt every agent hits from
+    RAM must not be the first entry the SSD tier evicts (nor be forgotten at restart)."""
+    blob = SsdTier(tmp_path / "probe", 1 << 30, FP)
+    blob.put([1, 2], _kv_layers(64, 1))
+    _wait_written(blob, 1)
+    size = blob.nbytes
+    blob.close()
+
+    ssd = SsdTier(tmp_path, int(2.5 * size), FP)  # room for two entries
+    cache = PrefixCache(ram=RamTier(1 << 30), ssd=ssd)
+    system, other, third = [7] * 10, [8] * 10, [9] * 10
+    for i, tokens in enumerate((system, other)):
+        cache.insert(tokens, _kv_layers(64, 2 + i))
+        cache.flush()
+        _wait_written(ssd, i + 1)
+    n, _ = cache.lookup(system + [1, 2])  # served from RAM
+    assert n == len(system) and ssd.hits == 0
+    cache.insert(third, _kv_layers(64, 4))
+    cache.flush()
+    _wait_written(ssd, 3)
+    assert ssd.evictions == 1
+    assert ssd.longest(system + [1]) == len(system)  # kept: used most recently but one
+    assert ssd.longest(other + [1]) == 0  # the least recently used went
+    cache.lookup(system + [3])  # served from RAM again: now newer than `third`
+    cache.close()  # index rows of used entries are rewritten by then
+
+    again = SsdTier(tmp_path, int(2.5 * size), FP)  # a restart keeps that order
+    again.put(other, _kv_layers(64, 5))
+    _wait_written(again, 1)
+    assert again.longest(system + [1]) == len(system) and again.longest(third + [1]) == 0
+    again.close()

@@ -218,6 +218,8 @@ class PrefixCache:
                 if self.ram is not None:
                     self.ram.insert(tokens[:m], copy.deepcopy(restored))
                 return m, restored
+        elif n and m == n:  # the same prefix is on SSD: it was used, keep it there too
+            self.ssd.touch(tokens[:n])
         return n, cache
 
     def insert(self, tokens: list[int], cache: list, limit: int | None = None,

@@ -65,25 +65,37 @@ def checksums(path: Path, size: int, parallel: bool = True) -> list[int]:
 
 
 def _frozen(cache: list) -> list:
-    """What the writer thread serializes: each layer's state as new, evaluated, row-contiguous
-    arrays (so writing runs no MLX work there and never races the live cache). A KVCache's
-    buffer grows 256 slots at a time: only its `offset` filled slots are kept."""
+    """What the writer thread serializes: a copy of each layer's state, made on the engine
+    thread as views into one new, evaluated byte buffer (so writing runs no MLX work there
+    and never races the live cache). A KVCache's buffer grows 256 slots at a time: only its
+    `offset` filled slots are kept.
+
+    One buffer of its own because of MLX's CUDA backend, where reading a GPU buffer on the
+    host first moves it to managed memory with a synchronous copy: once per blob, not once
+    per array; and never a RAM-tier entry's buffer, which would then be paged back to the
+    GPU on its next hit."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_map
     from mlx_lm.models.cache import KVCache
 
-    def own(x):
-        return mx.contiguous(x) if isinstance(x, mx.array) else x
-
-    out = []
-    for c in cache:
-        if type(c) is KVCache and c.keys is not None:
-            state = (c.keys[..., :c.offset, :], c.values[..., :c.offset, :], c.offset)
-        else:
-            state = c.state
-        out.append(type(c).from_state(tree_map(own, state)))
-    mx.eval([x for _, x in tree_flatten([c.state for c in out]) if isinstance(x, mx.array)])
-    return out
+    states = [(c.keys[..., :c.offset, :], c.values[..., :c.offset, :], c.offset)
+              if type(c) is KVCache and c.keys is not None else c.state for c in cache]
+    arrays = [x for _, x in tree_flatten(states) if isinstance(x, mx.array)]
+    if not arrays:
+        return [type(c).from_state(s) for c, s in zip(cache, states, strict=True)]
+    parts, spans, at = [], [], 0
+    for x in arrays:  # each array at a 16-byte aligned offset, so any dtype views it
+        parts.append(x.reshape(-1).view(mx.uint8))
+        spans.append((at, x))
+        at += x.nbytes
+        if pad := -at % 16:
+            parts.append(mx.zeros((pad,), mx.uint8))
+            at += pad
+    flat = mx.concatenate(parts)
+    views = iter([flat[a:a + x.nbytes].view(x.dtype).reshape(x.shape) for a, x in spans])
+    states = tree_map(lambda x: next(views) if isinstance(x, mx.array) else x, states)
+    mx.eval(flat, [x for _, x in tree_flatten(states) if isinstance(x, mx.array)])
+    return [type(c).from_state(s) for c, s in zip(cache, states, strict=True)]
 
 
 def _key(tokens) -> str:
@@ -104,6 +116,7 @@ class SsdTier:
         self._trie = TokenTrie()
         self._queue: queue.Queue = queue.Queue()
         self._in_hand = 0  # entries the writer took off the queue and has not finished
+        self._touched: set[str] = set()  # keys used since their index row was written
         self._last_step, self._closing = 0.0, False
         self._lock = threading.Lock()  # _meta / _trie: engine thread reads, writer writes
         try:
@@ -168,8 +181,17 @@ class SsdTier:
             return None
         self.hits += 1
         self.hit_tokens += n
-        meta["used"] = time.time()
+        self.touch(tokens[:n])
         return cache
+
+    def touch(self, tokens: list[int]) -> None:
+        """The prefix was used (here or from the RAM tier): refresh its recency, so the
+        prefixes every agent shares are the last to be evicted and survive a restart."""
+        key = _key(tokens)
+        meta = self._meta.get(key)
+        if meta is not None and not self.disabled:
+            meta["used"] = time.time()
+            self._touched.add(key)  # its index row is rewritten by the writer, later
 
     def put(self, tokens: list[int], cache: list) -> None:
         """Copy on the engine thread (a device copy), serialize and write on the writer's."""
@@ -177,8 +199,7 @@ class SsdTier:
             return
         key = _key(tokens)
         if key in self._meta:
-            self._meta[key]["used"] = time.time()
-            return
+            return self.touch(tokens)
         if self._queue.qsize() >= MAX_PENDING:  # the disk is slower than the traffic
             self.skipped += 1
             return
@@ -198,23 +219,34 @@ class SsdTier:
 
     # -- writer thread -------------------------------------------------------------
     def _write_loop(self) -> None:
+        import mlx.core as mx
+
         try:  # Linux threads have their own nice value: compute for requests comes first
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         except (AttributeError, OSError):
             pass
         while True:
             item = self._queue.get()
-            if item[0] == "stop":
-                return
             if self.disabled:
+                if item[0] == "stop":
+                    return
                 continue
             try:
+                self._persist_recency()
+                if item[0] == "stop":
+                    return
                 if item[0] == "put":
                     self._in_hand = 1
                     while not may_write(time.monotonic(), self._last_step, item[4],
                                         self._queue.qsize(), self._closing):
                         time.sleep(QUIET_S / 2)
                     self._write(*item[1:4])
+                    item = None
+                    if mx.cuda.is_available():
+                        # the buffer just written was read on the host, so it is managed
+                        # memory now, paged out: recycled through MLX's buffer cache into
+                        # the engine's next allocation it would be paged back in mid-request
+                        mx.clear_cache()
                 elif item[0] == "drop":
                     self._remove(item[1])
             except (OSError, RuntimeError) as e:  # full disk (MLX raises RuntimeError for a
@@ -255,6 +287,15 @@ class SsdTier:
             self._meta[key] = meta
             self._trie.add(tokens)
         self.writes += 1
+
+    def _persist_recency(self) -> None:
+        """Index rows of the entries used since the last write (recency survives a restart)."""
+        while self._touched:
+            key = self._touched.pop()
+            with self._lock:
+                meta = self._meta.get(key)
+            if meta is not None and not self.disabled:
+                self._index.set(key, meta)
 
     def _remove(self, key: str) -> None:
         with self._lock:
