@@ -25,12 +25,13 @@ def loaded(request):
     return oracle.load(oracle.model_path(request.param), "float32")
 
 
-def _process(model, tok, root, fingerprint=FP, ram=True):
+def _process(model, tok, root, fingerprint=FP, ram=True, ceiling=None):
     """What a fresh appliance process has: an empty RAM tier, the SSD tier on `root`."""
     prefix = PrefixCache(ram=RamTier(1 << 30) if ram else None,
                          ssd=SsdTier(root, 1 << 30, fingerprint))
     return ContinuousScheduler(model, set(tok.eos_token_ids), 4, 32,
-                               Budget(1 << 40, KVShape(1, 0, 0, 0)), prefix=prefix)
+                               Budget(1 << 40, KVShape(1, 0, 0, 0)), prefix=prefix,
+                               ceiling=ceiling)
 
 
 def _reqs(tok):
@@ -392,3 +393,30 @@ def test_a_ram_hit_keeps_its_prefix_on_ssd_across_restarts(tmp_path):
     _wait_written(again, 1)
     assert again.longest(system + [1]) == len(system) and again.longest(third + [1]) == 0
     again.close()
+
+
+def test_copies_waiting_for_the_ssd_count_against_the_memory_ceiling(loaded, tmp_path,
+                                                                     monkeypatch):
+    """One ceiling for live rows, the RAM tier and the copies the writer has yet to write:
+    pending copies crowd RAM entries out, and an entry whose copy does not fit is skipped.
+    (check_integrity asserts the ceiling after every step.)"""
+    import appliance.engine.ssd_tier as ssd_mod
+
+    monkeypatch.setattr(ssd_mod, "may_write", lambda now, last, queued, n, closing: closing)
+    model, tok = loaded
+    first, second = _reqs(tok)
+    free = _process(model, tok, tmp_path / "free")
+    _run(free, first)
+    copies = free.prefix.pending_bytes
+    assert copies > 0 and free.prefix.ssd.writes == 0 and free.prefix.ssd.skipped == 0
+    free.close()
+    assert free.prefix.ssd.writes == 2 and free.prefix.pending_bytes == 0
+
+    cold = _cold(model, tok, second, tmp_path)
+    for ceiling, skips in ((copies // 2, True), (4 * copies, False)):
+        s = _process(model, tok, tmp_path / str(ceiling), ceiling=ceiling)
+        _run(s, first)
+        assert s.prefix.nbytes + s.prefix.pending_bytes <= ceiling
+        assert (s.prefix.ssd.skipped > 0) == skips
+        assert _run(s, second).tokens == cold  # whatever was kept, output is unchanged
+        s.close()

@@ -44,8 +44,9 @@ class ContinuousScheduler:
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
                  budget: Budget, stream=None, prefix: PrefixCache | None = None,
                  ceiling: int | None = None):
-        """`prefix`: the RAM prefix cache, if any; it trims itself to `ceiling` minus the
-        KV bytes the live rows hold (one memory ceiling for both)."""
+        """`prefix`: the prefix cache, if any; its RAM tier trims itself to `ceiling` minus
+        the KV bytes the live rows hold and the copies waiting for the SSD writer (one
+        memory ceiling for all three)."""
         self.model, self.eos_ids = model, eos_ids
         self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
         self.budget, self.stream = budget, stream
@@ -82,10 +83,11 @@ class ContinuousScheduler:
     def step(self) -> None:
         self._step()
         live = self.counters.kv_bytes = self._live_kv_bytes()
+        if self.prefix is not None and self.prefix.ssd is not None:  # after the step's tokens
+            self.prefix.flush(None if self.ceiling is None else max(0, self.ceiling - live))
         if self.prefix is not None and self.ceiling is not None:
-            self.prefix.trim(max(0, self.ceiling - live))  # yield memory to the live rows
-        if self.prefix is not None and self.prefix.ssd is not None:
-            self.prefix.flush()  # after this step's tokens went out
+            # one ceiling: the live rows first, then copies waiting for the SSD, then RAM
+            self.prefix.trim(max(0, self.ceiling - live - self.prefix.pending_bytes))
 
     def _step(self) -> None:
         self._reap_cancelled()
@@ -145,6 +147,9 @@ class ContinuousScheduler:
         live += [self._solo[0].handle.id] if self._solo else []
         assert set(self.budget._held) == set(live)
         self.budget.check_integrity()
+        if self.prefix is not None and self.ceiling is not None:
+            room = self.ceiling - c.kv_bytes - self.prefix.pending_bytes
+            assert self.prefix.nbytes <= max(0, room), "the RAM tier is over the ceiling"
 
     # -- the solo row ------------------------------------------------------------
     def _head_fits(self) -> bool:
@@ -228,7 +233,9 @@ class ContinuousScheduler:
         return self._gen.prompt_cache_nbytes + solo
 
     def _cache_limit(self) -> int | None:
-        return None if self.ceiling is None else max(0, self.ceiling - self._live_kv_bytes())
+        if self.ceiling is None:
+            return None
+        return max(0, self.ceiling - self._live_kv_bytes() - self.prefix.pending_bytes)
 
     def _store(self, tokens: list[int], cache: list, live: bool = False,
                durable: bool = True) -> None:

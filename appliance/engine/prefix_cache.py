@@ -235,12 +235,18 @@ class PrefixCache:
         if self.ram is not None:
             self.ram.insert(tokens, cache, limit)
 
-    def flush(self) -> None:
-        """Hand this step's new entries to the SSD writer (serialization is MLX work)."""
+    @property
+    def pending_bytes(self) -> int:
+        """Copies waiting for the SSD writer: memory under the same ceiling as the RAM tier."""
+        return self.ssd.pending_bytes if self.ssd is not None else 0
+
+    def flush(self, room: int | None = None) -> None:
+        """Hand this step's new entries to the SSD writer (serialization is MLX work).
+        `room`: bytes its pending copies may hold in all (beyond that, entries are skipped)."""
         self.ssd.note_step()
         pending, self._to_disk = self._to_disk, []
         for tokens, cache in pending:
-            self.ssd.put(tokens, cache)
+            self.ssd.put(tokens, cache, room)
 
     def trim(self, limit: int) -> None:
         if self.ram is not None:

@@ -1,19 +1,21 @@
 """The SSD prefix tier: one safetensors blob per entry, diskcache as the index.
 
 Layout: <cache.ssd.path>/<plan fingerprint>/{index/, blobs/}. The fingerprint
-namespace means a process with another model, dtype or KV scheme never sees
-these entries. The engine thread only takes private, evaluated copies of the
-arrays (a device copy); one writer thread serializes them (temp file, fsync,
-rename, then the index row), so no request waits on the disk. It starts a write
-once the engine has gone quiet (or the entry has waited MAX_DEFER_S, or the queue
-is half full), so serializing does not take cores from a request. Blobs are
-checksummed (a crc32 per 16 MiB chunk, in the index, so a restore verifies the
-chunks in parallel while MLX reads the file) and verified before use: a
-corrupt, truncated or foreign blob is
-dropped with one warning and never served. diskcache only indexes (cull_limit=0:
-its own culling evicts blindly, see the tech brief); eviction is ours, least
-recently used first, under the byte cap. A full disk or an unwritable
-directory disables the tier with a warning; serving goes on.
+namespace means a process with another model, dtype or KV scheme never sees these
+entries. The engine thread only takes a private, evaluated copy of an entry (a
+device copy); one writer thread serializes it (temp file, fsync, rename, then the
+index row), so no request waits on the disk. It starts a write once the engine has
+gone quiet (or the entry has waited MAX_DEFER_S, or the queue is half full), so
+serializing does not take cores from a request. The copies waiting to be written
+count against the same memory ceiling as the live rows and the RAM tier (an entry
+whose copy does not fit is skipped). Blobs are checksummed (a crc32 per 16 MiB
+chunk, in the index, so a restore verifies the chunks in parallel while MLX reads
+the file) and verified before use: a corrupt, truncated or foreign blob is dropped
+with one warning and never served. diskcache only indexes (cull_limit=0: its own
+culling evicts blindly, see the tech brief); eviction is ours, least recently used
+first under the byte cap, where a prefix served from the RAM tier counts as used
+too. A full disk or an unwritable directory disables the tier with a warning;
+serving goes on.
 """
 
 from __future__ import annotations
@@ -111,11 +113,13 @@ class SsdTier:
         self.disabled: str | None = None
         self.hits = self.misses = self.hit_tokens = self.evictions = self.writes = 0
         self.dropped = 0  # corrupt / foreign blobs found and removed
-        self.skipped = 0  # entries not written because the write queue was full
+        self.skipped = 0  # entries not written: the queue was full, or no memory for a copy
         self._meta: dict[str, dict] = {}  # key -> {tokens, file, nbytes, crcs, used}
         self._trie = TokenTrie()
         self._queue: queue.Queue = queue.Queue()
         self._in_hand = 0  # entries the writer took off the queue and has not finished
+        self._pending: dict[int, int] = {}  # put number -> bytes of its copy, until written
+        self._puts = 0
         self._touched: set[str] = set()  # keys used since their index row was written
         self._last_step, self._closing = 0.0, False
         self._lock = threading.Lock()  # _meta / _trie: engine thread reads, writer writes
@@ -141,6 +145,12 @@ class SsdTier:
 
     def backlog(self) -> int:
         return self._queue.qsize() + self._in_hand
+
+    @property
+    def pending_bytes(self) -> int:
+        """Memory held by copies waiting to be written (it counts against the ceiling)."""
+        with self._lock:
+            return sum(self._pending.values())
 
     def note_step(self) -> None:
         """The engine ran a step (writes wait for it to go quiet)."""
@@ -193,17 +203,23 @@ class SsdTier:
             meta["used"] = time.time()
             self._touched.add(key)  # its index row is rewritten by the writer, later
 
-    def put(self, tokens: list[int], cache: list) -> None:
-        """Copy on the engine thread (a device copy), serialize and write on the writer's."""
+    def put(self, tokens: list[int], cache: list, room: int | None = None) -> None:
+        """Copy on the engine thread (a device copy), serialize and write on the writer's.
+        `room`: bytes all pending copies may hold; an entry that does not fit is skipped."""
         if self.disabled or not tokens:
             return
         key = _key(tokens)
         if key in self._meta:
             return self.touch(tokens)
-        if self._queue.qsize() >= MAX_PENDING:  # the disk is slower than the traffic
+        nbytes = sum(c.nbytes for c in cache)
+        if (self._queue.qsize() >= MAX_PENDING  # the disk is slower than the traffic
+                or (room is not None and self.pending_bytes + nbytes > room)):
             self.skipped += 1
             return
-        self._queue.put(("put", key, list(tokens), _frozen(cache), time.monotonic()))
+        self._puts += 1
+        with self._lock:
+            self._pending[self._puts] = nbytes
+        self._queue.put(("put", key, list(tokens), _frozen(cache), time.monotonic(), self._puts))
 
     def close(self) -> None:
         """Finish pending writes (graceful shutdown), then stop the writer."""
@@ -227,33 +243,33 @@ class SsdTier:
             pass
         while True:
             item = self._queue.get()
-            if self.disabled:
-                if item[0] == "stop":
-                    return
-                continue
             try:
-                self._persist_recency()
-                if item[0] == "stop":
-                    return
-                if item[0] == "put":
-                    self._in_hand = 1
-                    while not may_write(time.monotonic(), self._last_step, item[4],
-                                        self._queue.qsize(), self._closing):
-                        time.sleep(QUIET_S / 2)
-                    self._write(*item[1:4])
-                    item = None
-                    if mx.cuda.is_available():
-                        # the buffer just written was read on the host, so it is managed
-                        # memory now, paged out: recycled through MLX's buffer cache into
-                        # the engine's next allocation it would be paged back in mid-request
-                        mx.clear_cache()
-                elif item[0] == "drop":
-                    self._remove(item[1])
+                if not self.disabled:
+                    self._persist_recency()
+                    if item[0] == "put":
+                        self._in_hand = 1
+                        while not may_write(time.monotonic(), self._last_step, item[4],
+                                            self._queue.qsize(), self._closing):
+                            time.sleep(QUIET_S / 2)
+                        self._write(*item[1:4])
+                    elif item[0] == "drop":
+                        self._remove(item[1])
             except (OSError, RuntimeError) as e:  # full disk (MLX raises RuntimeError for a
                 # failed write), permissions: off, serving goes on
                 self._disable(f"write failed: {e}")
             finally:
                 self._in_hand = 0
+                if item[0] == "put":
+                    with self._lock:
+                        self._pending.pop(item[5])
+            if item[0] == "stop":
+                return
+            if item[0] == "put" and mx.cuda.is_available():
+                item = None
+                # the buffer just written was read on the host, so it is managed memory
+                # now, paged out: recycled through MLX's buffer cache into the engine's
+                # next allocation it would be paged back in mid-request
+                mx.clear_cache()
 
     def _write(self, key: str, tokens: list[int], cache: list) -> None:
         from mlx_lm.models.cache import save_prompt_cache
@@ -332,4 +348,5 @@ class SsdTier:
                 "cap_bytes": self.cap_bytes,
                 "evictions": self.evictions, "writes": self.writes, "dropped": self.dropped,
                 "skipped": self.skipped,
-                "write_backlog": self.backlog(), "disabled": self.disabled}
+                "write_backlog": self.backlog(), "pending_bytes": self.pending_bytes,
+                "disabled": self.disabled}
