@@ -94,9 +94,11 @@ def _frozen(cache: list) -> list:
             parts.append(mx.zeros((pad,), mx.uint8))
             at += pad
     flat = mx.concatenate(parts)
+    mx.eval(flat)
+    del parts  # the flattened copies: only `flat` stays
     views = iter([flat[a:a + x.nbytes].view(x.dtype).reshape(x.shape) for a, x in spans])
     states = tree_map(lambda x: next(views) if isinstance(x, mx.array) else x, states)
-    mx.eval(flat, [x for _, x in tree_flatten(states) if isinstance(x, mx.array)])
+    mx.eval([x for _, x in tree_flatten(states) if isinstance(x, mx.array)])
     return [type(c).from_state(s) for c, s in zip(cache, states, strict=True)]
 
 
