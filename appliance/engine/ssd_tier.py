@@ -239,6 +239,7 @@ class SsdTier:
     def _write_loop(self) -> None:
         import mlx.core as mx
 
+        on_cuda = hasattr(mx, "cuda") and mx.cuda.is_available()
         try:  # Linux threads have their own nice value: compute for requests comes first
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         except (AttributeError, OSError):
@@ -266,7 +267,7 @@ class SsdTier:
                         self._pending.pop(item[5])
             if item[0] == "stop":
                 return
-            if item[0] == "put" and mx.cuda.is_available():
+            if item[0] == "put" and on_cuda:
                 item = None
                 # the buffer just written was read on the host, so it is managed memory
                 # now, paged out: recycled through MLX's buffer cache into the engine's
