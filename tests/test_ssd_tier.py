@@ -420,3 +420,26 @@ def test_copies_waiting_for_the_ssd_count_against_the_memory_ceiling(loaded, tmp
         assert (s.prefix.ssd.skipped > 0) == skips
         assert _run(s, second).tokens == cold  # whatever was kept, output is unchanged
         s.close()
+
+
+def test_a_broken_index_disables_the_tier_and_frees_the_queue(loaded, tmp_path, caplog):
+    """Any failure on the writer's side (here SQLite under diskcache) turns the tier off with
+    one warning; the writer keeps draining, so queued copies do not hold memory for ever."""
+    import sqlite3
+
+    model, tok = loaded
+    first, second = _reqs(tok)
+    s = _process(model, tok, tmp_path)
+
+    def broken(*a, **k):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    s.prefix.ssd._index.set = broken
+    with caplog.at_level(logging.WARNING):
+        _run(s, first)
+        got = _run(s, second)
+        s.prefix.ssd.close()
+    assert got.finished.reason.value in ("length", "stop")  # serving went on
+    assert "OperationalError" in s.prefix.ssd.disabled
+    assert caplog.text.count("SSD prefix cache disabled") == 1
+    assert s.prefix.ssd.pending_bytes == 0 and s.prefix.ssd.backlog() == 0

@@ -257,9 +257,10 @@ class SsdTier:
                         self._write(*item[1:4])
                     elif item[0] == "drop":
                         self._remove(item[1])
-            except (OSError, RuntimeError) as e:  # full disk (MLX raises RuntimeError for a
-                # failed write), permissions: off, serving goes on
-                self._disable(f"write failed: {e}")
+            except Exception as e:  # full disk (MLX raises RuntimeError for a failed write),
+                # permissions, a broken index: off with a warning, serving goes on, and the
+                # writer goes on draining the queue (its copies hold memory)
+                self._disable(f"write failed: {type(e).__name__}: {e}")
             finally:
                 self._in_hand = 0
                 if item[0] == "put":
