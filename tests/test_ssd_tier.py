@@ -443,3 +443,23 @@ def test_a_broken_index_disables_the_tier_and_frees_the_queue(loaded, tmp_path, 
     assert "OperationalError" in s.prefix.ssd.disabled
     assert caplog.text.count("SSD prefix cache disabled") == 1
     assert s.prefix.ssd.pending_bytes == 0 and s.prefix.ssd.backlog() == 0
+
+
+def test_a_copy_that_fails_skips_the_entry_and_serving_goes_on(loaded, tmp_path, caplog,
+                                                               monkeypatch):
+    import appliance.engine.ssd_tier as ssd_mod
+
+    def no_memory(cache):
+        raise RuntimeError("[malloc] Unable to allocate 2.7 GB")
+
+    monkeypatch.setattr(ssd_mod, "_frozen", no_memory)
+    model, tok = loaded
+    first, _ = _reqs(tok)
+    s = _process(model, tok, tmp_path)
+    cold = _cold(model, tok, first, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        got = _run(s, first)
+    assert got.tokens == cold
+    assert s.prefix.ssd.skipped == 2 and not s.prefix.ssd.disabled
+    assert s.prefix.ssd.pending_bytes == 0 and "Unable to allocate" in caplog.text
+    s.close()

@@ -218,10 +218,16 @@ class SsdTier:
                 or (room is not None and self.pending_bytes + nbytes > room)):
             self.skipped += 1
             return
+        try:
+            frozen = _frozen(cache)
+        except Exception as e:  # e.g. no memory for the copy right now: skip this entry
+            self.skipped += 1
+            log.warning("SSD prefix cache: skipping an entry (%s: %s)", type(e).__name__, e)
+            return
         self._puts += 1
         with self._lock:
             self._pending[self._puts] = nbytes
-        self._queue.put(("put", key, list(tokens), _frozen(cache), time.monotonic(), self._puts))
+        self._queue.put(("put", key, list(tokens), frozen, time.monotonic(), self._puts))
 
     def close(self) -> None:
         """Finish pending writes (graceful shutdown), then stop the writer."""
