@@ -117,13 +117,15 @@ def test_closing_writes_what_a_busy_engine_deferred(loaded, tmp_path, monkeypatc
     assert s.prefix.ssd.writes == 2 and s.prefix.ssd.stats()["entries"] == 2
 
 
-def test_another_fingerprint_never_restores(loaded, tmp_path):
+def test_another_fingerprint_never_restores(loaded, tmp_path, caplog):
     model, tok = loaded
     first, second = _reqs(tok)
     a = _process(model, tok, tmp_path)
     _run(a, first)
     a.close()
-    other = _process(model, tok, tmp_path, fingerprint="fp_other")
+    with caplog.at_level(logging.INFO, logger="appliance.engine.ssd_tier"):
+        other = _process(model, tok, tmp_path, fingerprint="fp_other")
+    assert "0 entries" in caplog.text and "1 other plan(s) have entries here" in caplog.text
     assert _run(other, second).finished.cached_tokens == 0
     assert other.prefix.ssd.hits == 0
     other.close()

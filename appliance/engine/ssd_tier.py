@@ -135,6 +135,7 @@ class SsdTier:
             self._index = diskcache.Cache(str(self.dir / "index"), eviction_policy="none",
                                           cull_limit=0, statistics=0, size_limit=2**62)
             self._load_index()
+            self._log_opened()
         except Exception as e:  # unwritable, missing, corrupt index: off, with one warning
             self._disable(f"cannot use {self.dir}: {e}")
         self._writer_done = threads.start("ssd-writer", self._write_loop)
@@ -346,6 +347,18 @@ class SsdTier:
         for f in (self.dir / "blobs").iterdir():  # crash leftovers
             if f.name not in known:
                 f.unlink(missing_ok=True)
+
+    def _log_opened(self) -> None:
+        """Say what a restart finds, and whether other plans' entries sit here unused (a
+        changed model, dtype or KV scheme starts cold: said, not silent)."""
+        from appliance.plan.sizes import format_size
+
+        others = [p for p in self.dir.parent.iterdir()
+                  if p.is_dir() and p.name.startswith("fp_") and p != self.dir]
+        log.info("SSD prefix cache %s: %d entries, %s of %s%s", self.dir, len(self._meta),
+                 format_size(self.nbytes), format_size(self.cap_bytes),
+                 f"; {len(others)} other plan(s) have entries here that this plan cannot use"
+                 if others else "")
 
     def _disable(self, why: str) -> None:
         if not self.disabled:

@@ -17,3 +17,11 @@ def parse_size(value) -> int:
     if not m or m.group(2).lower() not in UNITS:
         raise ValueError(f"{value!r} is not a size; write e.g. 4GiB, 512MiB, 2GB or a byte count")
     return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+def format_size(n: int) -> str:
+    """`n` bytes the way people read them: 1.5 GiB, 512.0 MiB, 12 B."""
+    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
