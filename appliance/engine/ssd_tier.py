@@ -120,8 +120,7 @@ class SsdTier:
         self._trie = TokenTrie()
         self._queue: queue.Queue = queue.Queue()
         self._in_hand = 0  # entries the writer took off the queue and has not finished
-        self._pending: dict[int, int] = {}  # put number -> bytes of its copy, until written
-        self._puts = 0
+        self._pending_bytes = 0  # held by copies queued or in hand, until written
         self._touched: set[str] = set()  # keys used since their index row was written
         self._last_step, self._closing = 0.0, False
         self._lock = threading.Lock()  # _meta / _trie: engine thread reads, writer writes
@@ -152,8 +151,7 @@ class SsdTier:
     @property
     def pending_bytes(self) -> int:
         """Memory held by copies waiting to be written (it counts against the ceiling)."""
-        with self._lock:
-            return sum(self._pending.values())
+        return self._pending_bytes
 
     def note_step(self) -> None:
         """The engine ran a step (writes wait for it to go quiet)."""
@@ -194,13 +192,15 @@ class SsdTier:
             return None
         self.hits += 1
         self.hit_tokens += n
-        self.touch(tokens[:n])
+        self._touch(key)
         return cache
 
     def touch(self, tokens: list[int]) -> None:
         """The prefix was used (here or from the RAM tier): refresh its recency, so the
         prefixes every agent shares are the last to be evicted and survive a restart."""
-        key = _key(tokens)
+        self._touch(_key(tokens))
+
+    def _touch(self, key: str) -> None:
         meta = self._meta.get(key)
         if meta is not None and not self.disabled:
             meta["used"] = time.time()
@@ -213,7 +213,7 @@ class SsdTier:
             return
         key = _key(tokens)
         if key in self._meta:
-            return self.touch(tokens)
+            return self._touch(key)
         nbytes = sum(c.nbytes for c in cache)
         if (self._queue.qsize() >= MAX_PENDING  # the disk is slower than the traffic
                 or (room is not None and self.pending_bytes + nbytes > room)):
@@ -225,10 +225,9 @@ class SsdTier:
             self.skipped += 1
             log.warning("SSD prefix cache: skipping an entry (%s: %s)", type(e).__name__, e)
             return
-        self._puts += 1
         with self._lock:
-            self._pending[self._puts] = nbytes
-        self._queue.put(("put", key, list(tokens), frozen, time.monotonic(), self._puts))
+            self._pending_bytes += nbytes
+        self._queue.put(("put", key, list(tokens), frozen, time.monotonic(), nbytes))
 
     def close(self) -> None:
         """Finish pending writes (graceful shutdown), then stop the writer."""
@@ -272,7 +271,7 @@ class SsdTier:
                 self._in_hand = 0
                 if item[0] == "put":
                     with self._lock:
-                        self._pending.pop(item[5])
+                        self._pending_bytes -= item[5]
             if item[0] == "stop":
                 return
             if item[0] == "put" and on_cuda:
