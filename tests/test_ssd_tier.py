@@ -90,18 +90,46 @@ def test_writes_wait_for_a_quiet_engine_and_count_as_backlog(loaded, tmp_path, m
     first, _ = _reqs(tok)
     s = _process(model, tok, tmp_path, ram=False)
     ssd = s.prefix.ssd
-    ssd._last_step = float("inf")  # an engine that never stops stepping
     _run(s, first)
-    ssd._last_step = float("inf")
-    time.sleep(0.5)
+    s.prefix.step_started()  # a long step (a whole prefill is one) is not quiet
+    time.sleep(10 * ssd_mod.QUIET_S)
     assert ssd.writes == 0 and ssd.backlog() == 2  # the system checkpoint and the turn
-    ssd._last_step = 0.0  # quiet now
+    ssd.note_step()  # the step ended; quiet from now on
     for _ in range(200):
         if ssd.writes == 2:
             break
         time.sleep(0.05)
     assert ssd.writes == 2 and ssd.backlog() == 0
     s.close()
+
+
+def test_no_write_starts_while_a_step_runs(loaded, tmp_path, monkeypatch):
+    """One step can be a whole prefill of seconds: the writer must not take it for quiet
+    (it would then serialize beside that request's forward passes)."""
+    import appliance.engine.ssd_tier as ssd_mod
+
+    monkeypatch.setattr(ssd_mod, "MAX_DEFER_S", 3600.0)
+    model, tok = loaded
+    first, second = _reqs(tok)
+    s = _process(model, tok, tmp_path, ram=False)
+    ssd = s.prefix.ssd
+    _run(s, first)  # two entries wait for the writer
+    seen = []
+
+    class Slow:  # the model, each forward taking many quiet periods
+        def __call__(self, *args, **kwargs):
+            time.sleep(6 * ssd_mod.QUIET_S)
+            seen.append(ssd.writes)
+            return model(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    s.model = Slow()
+    _run(s, second)
+    assert len(seen) >= 2 and set(seen) == {0}, seen
+    s.close()
+    assert ssd.writes >= 2
 
 
 def test_closing_writes_what_a_busy_engine_deferred(loaded, tmp_path, monkeypatch):
@@ -112,7 +140,7 @@ def test_closing_writes_what_a_busy_engine_deferred(loaded, tmp_path, monkeypatc
     first, _ = _reqs(tok)
     s = _process(model, tok, tmp_path, ram=False)
     _run(s, first)
-    s.prefix.ssd._last_step = float("inf")
+    s.prefix.step_started()  # still busy when the shutdown comes
     s.close()
     assert s.prefix.ssd.writes == 2 and s.prefix.ssd.stats()["entries"] == 2
 

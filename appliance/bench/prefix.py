@@ -7,12 +7,16 @@ stopped (pending SSD writes finish) and started again on the same directory
 and each prefix is sent a third time (SSD restores). Medians of the three.
 Each process is first warmed up with another prefix of the same length, sent
 twice (a miss, then a hit), so kernel compilation is not in any timed request.
+Each timed request starts once the SSD writer has nothing pending, so every TTFT
+is that request's alone (as after an agent's tool call; the fleet workload is
+where writes and requests overlap).
 """
 
 from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 from pathlib import Path
 
 import httpx
@@ -32,6 +36,7 @@ def _ttfts(url: str, ep: Endpoint, prompts: list[tuple[str, str]]) -> list[Reque
         async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
             out = []
             for system, user in prompts:  # one at a time: TTFT alone, not under load
+                await _writes_done(http)
                 body = chat_body(ep, system, user, 2)
                 out.append(await stream_request(http, "/v1/chat/completions", body,
                                                 RequestResult(0, 0, 0.0)))
@@ -41,6 +46,17 @@ def _ttfts(url: str, ep: Endpoint, prompts: list[tuple[str, str]]) -> list[Reque
     if bad := [r.error for r in results if r.error]:
         raise RuntimeError(f"prefix bench request failed: {bad[0]}")
     return results
+
+
+async def _writes_done(http: httpx.AsyncClient, timeout_s: float = 600.0) -> None:
+    """Wait until the SSD writer has nothing pending (the last request's entries are queued
+    right after its final step, hence the short pause first)."""
+    await asyncio.sleep(0.2)
+    deadline = time.monotonic() + timeout_s
+    while (await http.get("/stats")).json()["cache"]["ssd"]["write_backlog"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the SSD writer did not drain its queue")
+        await asyncio.sleep(0.05)
 
 
 def _summary(results: list[RequestResult]) -> dict:

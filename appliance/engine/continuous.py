@@ -81,6 +81,8 @@ class ContinuousScheduler:
         return len(self._waiting)
 
     def step(self) -> None:
+        if self.prefix is not None:
+            self.prefix.step_started()
         self._step()
         live = self.counters.kv_bytes = self._live_kv_bytes()
         if self.prefix is not None and self.prefix.ssd is not None:  # after the step's tokens

@@ -240,6 +240,11 @@ class PrefixCache:
         """Copies waiting for the SSD writer: memory under the same ceiling as the RAM tier."""
         return self.ssd.pending_bytes if self.ssd is not None else 0
 
+    def step_started(self) -> None:
+        """The engine started a step (SSD writes wait while it runs)."""
+        if self.ssd is not None:
+            self.ssd.step_started()
+
     def flush(self, room: int | None = None) -> None:
         """Hand this step's new entries to the SSD writer (serialization is MLX work).
         `room`: bytes its pending copies may hold in all (beyond that, entries are skipped)."""

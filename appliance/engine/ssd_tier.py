@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import queue
 import threading
@@ -36,7 +37,7 @@ from appliance.engine.prefix_cache import TokenTrie
 log = logging.getLogger(__name__)
 CHUNK = 16 << 20  # bytes per checksummed chunk
 MAX_PENDING = 8  # queued writes; beyond this new entries are skipped (their copies hold memory)
-QUIET_S = 0.05  # a write starts once the engine has run no step for this long,
+QUIET_S = 0.05  # a write starts once the engine has been idle for this long,
 MAX_DEFER_S = 2.0  # or once it has waited this long, or the queue is half full
 _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                            thread_name_prefix="ssd-verify")  # zlib releases the GIL
@@ -153,8 +154,13 @@ class SsdTier:
         """Memory held by copies waiting to be written (it counts against the ceiling)."""
         return self._pending_bytes
 
+    def step_started(self) -> None:
+        """The engine is running a step: no write starts until it has gone quiet (one step
+        can be a whole prefill of seconds, which is not quiet)."""
+        self._last_step = math.inf
+
     def note_step(self) -> None:
-        """The engine ran a step (writes wait for it to go quiet)."""
+        """The engine finished a step (writes wait for it to go quiet)."""
         self._last_step = time.monotonic()
 
     def longest(self, tokens: list[int]) -> int:
@@ -260,7 +266,11 @@ class SsdTier:
                         while not may_write(time.monotonic(), self._last_step, item[4],
                                             self._queue.qsize(), self._closing):
                             time.sleep(QUIET_S / 2)
+                        t = time.monotonic()
                         self._write(*item[1:4])
+                        log.debug("SSD prefix cache: wrote %d tokens (%d bytes) in %.3f s, "
+                                  "%.3f s after it was queued", len(item[2]), item[5],
+                                  time.monotonic() - t, t - item[4])
                     elif item[0] == "drop":
                         self._remove(item[1])
             except Exception as e:  # full disk (MLX raises RuntimeError for a failed write),
