@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 
 import pytest
@@ -381,6 +382,33 @@ def test_the_writer_serializes_one_buffer_of_its_own():
         assert span(a)[1] <= span(b)[0] or span(b)[1] <= span(a)[0]  # a copy, not a view
     ends = sorted(span(b) for _, b in pairs)
     assert ends[-1][1] - ends[0][0] < sum(b.nbytes for _, b in pairs) + 16 * len(pairs)
+
+
+def test_an_entry_over_2_gib_is_copied_for_the_writer():
+    """MLX shape dimensions are 32-bit, and one long prefix of a large model is more than
+    2 GiB (a 70B model's 8k-token prefix: 2.7 GB): its copy for the writer must still be
+    made (it raised OverflowError, so such entries never reached the SSD)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from appliance.engine.ssd_tier import _frozen
+
+    if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") < 16 << 30:
+        pytest.skip("needs 16 GiB of memory (two copies of a 2.2 GiB entry)")
+    layers = []
+    for i in range(2):  # 2 layers x (K, V) x 560 MiB
+        c = KVCache()
+        c.keys = mx.full((1, 8, 35840, 1024), 2 * i + 1, dtype=mx.bfloat16)
+        c.values = mx.full((1, 8, 35840, 1024), 2 * i + 2, dtype=mx.bfloat16)
+        c.offset = 35840
+        layers.append(c)
+    mx.eval([c.state for c in layers])
+    assert sum(c.nbytes for c in layers) > 2**31
+    frozen = _frozen(layers)
+    for i, f in enumerate(frozen):
+        assert f.offset == 35840 and f.keys.shape == f.values.shape == (1, 8, 35840, 1024)
+        for x, want in ((f.keys, 2 * i + 1), (f.values, 2 * i + 2)):
+            assert x[0, 0, 0, 0].item() == x[0, -1, -1, -1].item() == want
 
 
 def _wait_written(ssd: SsdTier, n: int) -> None:

@@ -67,6 +67,9 @@ def checksums(path: Path, size: int, parallel: bool = True) -> list[int]:
     return list(mapper(lambda off: _chunk_crc(path, off), range(0, max(size, 1), CHUNK)))
 
 
+ROW = 16  # bytes per row of the copy buffer (any dtype views a 16-byte aligned offset)
+
+
 def _frozen(cache: list) -> list:
     """What the writer thread serializes: a copy of each layer's state, made on the engine
     thread as views into one new, evaluated byte buffer (so writing runs no MLX work there
@@ -76,7 +79,8 @@ def _frozen(cache: list) -> list:
     One buffer of its own because of MLX's CUDA backend, where reading a GPU buffer on the
     host first moves it to managed memory with a synchronous copy: once per blob, not once
     per array; and never a RAM-tier entry's buffer, which would then be paged back to the
-    GPU on its next hit."""
+    GPU on its next hit. The buffer is 2-D, ROW bytes wide: MLX shape dimensions are 32-bit,
+    and a long prefix of a large model is more than 2 GiB (a 70B model's 8k prefix: 2.7 GB)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_map
     from mlx_lm.models.cache import KVCache
@@ -86,18 +90,19 @@ def _frozen(cache: list) -> list:
     arrays = [x for _, x in tree_flatten(states) if isinstance(x, mx.array)]
     if not arrays:
         return [type(c).from_state(s) for c, s in zip(cache, states, strict=True)]
-    parts, spans, at = [], [], 0
-    for x in arrays:  # each array at a 16-byte aligned offset, so any dtype views it
-        parts.append(x.reshape(-1).view(mx.uint8))
-        spans.append((at, x))
-        at += x.nbytes
-        if pad := -at % 16:
-            parts.append(mx.zeros((pad,), mx.uint8))
-            at += pad
-    flat = mx.concatenate(parts)
-    mx.eval(flat)
-    del parts  # the flattened copies: only `flat` stays
-    views = iter([flat[a:a + x.nbytes].view(x.dtype).reshape(x.shape) for a, x in spans])
+    parts, spans, row = [], [], 0
+    for x in arrays:  # each array from a row of its own
+        flat = x.reshape(-1).view(mx.uint8)
+        if pad := -x.nbytes % ROW:
+            flat = mx.concatenate([flat, mx.zeros((pad,), mx.uint8)])
+        parts.append(flat.reshape(-1, ROW))
+        spans.append((row, x))
+        row += parts[-1].shape[0]
+    buffer = mx.concatenate(parts)
+    mx.eval(buffer)
+    del parts, flat  # the flattened copies: only `buffer` stays
+    views = iter([buffer[r:r + -(-x.nbytes // ROW)].reshape(-1)[:x.nbytes].view(x.dtype)
+                  .reshape(x.shape) for r, x in spans])
     states = tree_map(lambda x: next(views) if isinstance(x, mx.array) else x, states)
     mx.eval([x for _, x in tree_flatten(states) if isinstance(x, mx.array)])
     return [type(c).from_state(s) for c, s in zip(cache, states, strict=True)]
