@@ -5,8 +5,9 @@ namespace means a process with another model, dtype or KV scheme never sees thes
 entries. The engine thread only takes a private, evaluated copy of an entry (a
 device copy); one writer thread serializes it (temp file, fsync, rename, then the
 index row), so no request waits on the disk. It starts a write once the engine has
-gone quiet (or the entry has waited MAX_DEFER_S, or the queue is half full), so
-serializing does not take cores from a request. The copies waiting to be written
+been idle for QUIET_S (a step in progress, even a long prefill, is not idle), or the
+entry has waited MAX_DEFER_S, or the queue is half full: serializing does not take
+cores or memory bandwidth from a request. The copies waiting to be written
 count against the same memory ceiling as the live rows and the RAM tier (an entry
 whose copy does not fit is skipped). Blobs are checksummed (a crc32 per 16 MiB
 chunk, in the index, so a restore verifies the chunks in parallel while MLX reads
