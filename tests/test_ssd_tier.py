@@ -77,6 +77,7 @@ def test_when_the_writer_may_write():
 
     now = 100.0
     assert not may_write(now, now, now, 0, False)  # the engine just stepped; a fresh entry
+    assert not may_write(now, float("inf"), now, 0, False)  # a step is running (step_started)
     assert may_write(now, now - 2 * QUIET_S, now, 0, False)  # the engine went quiet
     assert may_write(now, now, now - 2 * MAX_DEFER_S, 0, False)  # steady load: waited enough
     assert may_write(now, now, now, MAX_PENDING // 2, False)  # the queue fills up
