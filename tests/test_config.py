@@ -82,7 +82,8 @@ def test_cli_plan_prints_yaml_and_leaves_no_files(tmp_path):
 def test_cli_unknown_option_exits_2_with_choices(tmp_path):
     r = _cli("mode=plan", "kv=nonexistent", "+profile=nope", cwd=tmp_path)
     assert r.returncode == 2
-    assert "kv='nonexistent'" in r.stderr and "valid choices: native" in r.stderr
+    assert "kv='nonexistent'" in r.stderr
+    assert "valid choices: affine4, affine8, k8v4, native" in r.stderr
     assert "profile='nope'" in r.stderr and "agent-fleet, m1-max, m4-pro" in r.stderr
 
 
@@ -106,6 +107,6 @@ def test_cli_multirun_prints_one_plan_per_cell(tmp_path):
 def test_cli_help_lists_groups(tmp_path):
     r = _cli("--help", cwd=tmp_path)
     assert r.returncode == 0
-    for line in ("kv: native", "model: hf, local, synthetic, tiny", "batch: continuous, serial",
-                 "profile: agent-fleet, m1-max, m4-pro"):
+    for line in ("kv: affine4, affine8, k8v4, native", "model: hf, local, synthetic, tiny",
+                 "batch: continuous, serial", "profile: agent-fleet, m1-max, m4-pro"):
         assert line in r.stdout

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from appliance.api.errors import APIError, invalid
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from appliance.engine import GenerationRequest, SamplingParams
+from appliance.engine.sampling import MAX_SEED
 from appliance.plan import ExecutionPlan
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -58,8 +59,11 @@ def _sampling(body: _Sampling, plan: ExecutionPlan, vocab: int) -> SamplingParam
     _range("presence_penalty", body.presence_penalty, -2, 2)
     _range("frequency_penalty", body.frequency_penalty, -2, 2)
     _range("repetition_penalty", body.repetition_penalty, 0, 10, lo_open=True)
-    if body.top_k is not None and body.top_k < 0:
-        raise invalid("top_k", f"{body.top_k} must be >= 0")
+    if body.top_k is not None and not 0 <= body.top_k < vocab:
+        raise invalid("top_k", f"{body.top_k} is out of range [0, {vocab}) (0: no top-k; "
+                               f"the vocabulary has {vocab} tokens)")
+    if body.seed is not None and not 0 <= body.seed <= MAX_SEED:
+        raise invalid("seed", f"{body.seed} is out of range [0, {MAX_SEED}]")
     if body.n != 1:
         raise invalid("n", f"{body.n}: only n=1 is supported")
     bias = None

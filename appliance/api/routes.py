@@ -133,8 +133,14 @@ async def stats(state: State) -> dict:
 
 
 @get("/health")
-async def health(state: State) -> dict:
-    return {"status": "ok", "model": state.plan.model.id, "fingerprint": state.plan.fingerprint}
+async def health(state: State) -> Response:
+    """200 while the engine serves; 503 once it has failed (a supervisor's signal)."""
+    failure = state.engine.failure
+    body = {"status": "ok" if failure is None else "failed", "model": state.plan.model.id,
+            "fingerprint": state.plan.fingerprint}
+    if failure is not None:
+        body["error"] = failure
+    return Response(body, status_code=200 if failure is None else 503)
 
 
 ROUTES = [chat_completions, completions, models, plan, stats, health]

@@ -48,9 +48,9 @@ def submit(engine: Engine, request: GenerationRequest):
         return engine.submit(request)
     except Rejected as e:
         headers = {"Retry-After": str(e.retry_after)} if e.retry_after else None
-        code = "kv_budget_exceeded" if e.status == 400 else "queue_full"
-        raise APIError(e.status, e.message, param="max_tokens" if e.status == 400 else None,
-                       code=code, headers=headers) from e
+        code = e.code or {400: "kv_budget_exceeded", 429: "queue_full"}.get(e.status)
+        param = e.param or ("max_tokens" if code == "kv_budget_exceeded" else None)
+        raise APIError(e.status, e.message, param=param, code=code, headers=headers) from e
 
 
 async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,

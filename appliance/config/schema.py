@@ -29,9 +29,16 @@ class ModelConfig:
 
 @dataclass
 class KVConfig:
-    """How the KV cache stores keys and values."""
+    """How the KV cache stores keys and values (`appliance/plan/kv.py` says what each means)."""
 
-    scheme: str = "native"  # native: unquantized, in the model's compute dtype
+    scheme: str = "native"  # native (compute dtype) | affine (mx.quantize) | turboquant
+    key_bits: float | None = None  # affine: 2-8; turboquant: 3, 3.5 or 4
+    value_bits: float | None = None
+    group_size: int = 64  # affine: elements sharing one scale and bias
+    start: int = 0  # a row's KV stays native until it holds this many tokens
+    keep_layers: list[int] | None = None  # attention layers kept native; null: derived
+    rotation: str = "hadamard"  # turboquant: hadamard (randomized, two rounds) | orthogonal
+    rotation_seed: int = 0  # turboquant
 
 
 @dataclass

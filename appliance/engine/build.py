@@ -36,11 +36,14 @@ def build_engine(plan: ExecutionPlan) -> Engine:
         return runner.load(path, m.dtype, m.revision)
 
     def make_scheduler(model, eos_ids, stream):
+        from appliance.engine.kv import Scheme
+
         budget.shape = KVShape(**{**budget.shape.__dict__, "recurrent": _recurrent_bytes(model)})
+        scheme = Scheme.from_plan(plan.kv)
         if b.mode == "serial":
             from appliance.engine.serial import SerialScheduler
 
-            return SerialScheduler(model, eos_ids, b.prefill_chunk)
+            return SerialScheduler(model, eos_ids, b.prefill_chunk, scheme)
         from appliance.engine.continuous import ContinuousScheduler
         from appliance.engine.prefix_cache import PrefixCache, RamTier
         from appliance.engine.ssd_tier import SsdTier
@@ -53,7 +56,8 @@ def build_engine(plan: ExecutionPlan) -> Engine:
                 ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint)
                 if c.kind in ("ssd", "tiered") else None)
         return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget, stream,
-                                   prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes)
+                                   prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes,
+                                   scheme=scheme)
 
     return Engine(load, make_scheduler, mode=b.mode, max_rows=b.max_rows,
-                  max_queue=b.max_queue, budget=budget).start()
+                  max_queue=b.max_queue, budget=budget, vocab_size=m.vocab_size).start()

@@ -1,17 +1,17 @@
-"""batch=continuous: iteration-level scheduling over mlx-lm's BatchGenerator.
+"""batch=continuous: iteration-level scheduling over the engine's own batched step.
 
-mlx-lm's BatchGenerator is the executor (the same batched arithmetic that is
-our parity oracle): each `next()` runs one decode step for the running rows,
-then one prefill chunk (`prefill_chunk` tokens) for rows being admitted, so a
-running row stalls at most one chunk. This scheduler owns everything around
-it: FIFO head-of-line admission under the KV byte budget, per-row samplers
+`appliance.engine.step.BatchStep` is the executor (token-exact with mlx-lm's
+BatchGenerator, the oracle, for native KV): each `tick()` runs one decode step for
+the running rows, then one prefill chunk (`prefill_chunk` tokens) for rows being
+admitted, so a running row stalls at most one chunk. This scheduler owns everything
+around it: FIFO head-of-line admission under the KV byte budget, per-row samplers
 (seeded rows with private random streams), cancellation between steps,
 per-row failure containment, and the counters behind /stats.
 
 A request that arrives to an idle engine runs *solo* (`runner.Decoder`,
 generate_step's arithmetic, no batch padding or masks: as fast as mlx-lm's
 serial path). When a second request can be admitted, the solo row hands its
-cache, history and sampler to the BatchGenerator and both continue batched.
+cache, history and sampler to the batch and both continue batched.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from mlx_lm.generate import BatchGenerator
-
 from appliance.engine.budget import Budget
+from appliance.engine.kv import Scheme
 from appliance.engine.prefix_cache import PrefixCache
 from appliance.engine.runner import Decoder
-from appliance.engine.sampling import make_processors, make_sampler
+from appliance.engine.sampling import make_processors, make_sampler, repair_random_state
 from appliance.engine.scheduler import Counters, RowState, finish, safe_deliver, token_event
+from appliance.engine.step import BatchStep
 from appliance.engine.types import FinishReason
 
-PREFILL_ROWS = 1  # prompts prefilled together (see _new_generator)
+PREFILL_ROWS = 1  # prompts prefilled together (see _new_step)
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Row:
 class ContinuousScheduler:
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
                  budget: Budget, stream=None, prefix: PrefixCache | None = None,
-                 ceiling: int | None = None):
+                 ceiling: int | None = None, scheme: Scheme | None = None):
         """`prefix`: the prefix cache, if any; its RAM tier trims itself to `ceiling` minus
         the KV bytes the live rows hold and the copies waiting for the SSD writer (one
         memory ceiling for all three)."""
@@ -51,20 +51,19 @@ class ContinuousScheduler:
         self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
         self.budget, self.stream = budget, stream
         self.prefix, self.ceiling = prefix, ceiling
+        self.scheme = scheme or Scheme()
         self.counters = Counters()
         self._waiting: deque = deque()
-        self._rows: dict[int, Row] = {}  # BatchGenerator uid -> row
+        self._rows: dict[int, Row] = {}  # BatchStep uid -> row
         self._solo: tuple[Row, Decoder] | None = None  # a lone row, decoded unbatched
-        self._gen = self._new_generator()
+        self._batch = self._new_step()
 
-    def _new_generator(self) -> BatchGenerator:
-        # One prompt prefills at a time (prefill_batch_size=1), head of line: a step is one
-        # decode pass plus at most `prefill_chunk` prompt tokens, so running rows stall at
-        # most one chunk and the oldest arrival gets its first token first.
-        return BatchGenerator(
-            self.model, stop_tokens=[[t] for t in sorted(self.eos_ids)],
-            completion_batch_size=self.max_rows, prefill_batch_size=PREFILL_ROWS,
-            prefill_step_size=self.prefill_chunk, stream=self.stream)
+    def _new_step(self) -> BatchStep:
+        # One prompt prefills at a time, head of line: a step is one decode pass plus at
+        # most `prefill_chunk` prompt tokens, so running rows stall at most one chunk and
+        # the oldest arrival gets its first token first.
+        return BatchStep(self.model, self.eos_ids, self.max_rows, self.prefill_chunk,
+                         self.scheme, prefill_rows=PREFILL_ROWS)
 
     # -- the Scheduler interface ------------------------------------------------
     def add(self, handle) -> None:
@@ -105,14 +104,15 @@ class ContinuousScheduler:
         prefilling = any(r.state is RowState.PREFILL for r in self._rows.values())
         t = time.perf_counter()
         try:
-            prompt_responses, responses = self._gen.next()
+            prompt_responses, responses = self._batch.tick()
             if self.prefix is not None:  # checkpoints: a segment of some prompt just ended
                 ends = [p.uid for p in prompt_responses if p.end_of_segment and not p.end_of_prompt]
-                for uid, (cache, tokens) in self._gen.extract_cache(ends).items():
+                for uid in ends:
+                    cache, tokens = self._batch.extract(uid)
                     req = self._rows[uid].handle.request
                     self._store(tokens, cache, durable=self._durable(req, len(tokens)))
         except Exception as e:  # a failed forward fails the rows in flight, not the server
-            self._fail_all(f"{type(e).__name__}: {e}")
+            self.fail_all(f"{type(e).__name__}: {e}")
             return
         # A step that carries a prefill chunk counts as prefill time (it is what delays
         # first tokens); pure decode steps count as decode time.
@@ -122,8 +122,8 @@ class ContinuousScheduler:
         else:
             self.counters.decode_seconds += dt
         for r in responses:
-            if self.prefix is not None and r.finish_reason is not None and r.prompt_cache:
-                self._store(r.all_tokens, r.prompt_cache)  # the whole turn
+            if self.prefix is not None and r.finish_reason is not None and r.cache:
+                self._store(r.tokens, r.cache)  # the whole turn
             self._on_token(r)
 
     def close(self) -> None:
@@ -131,14 +131,15 @@ class ContinuousScheduler:
         if self.prefix is not None:
             self.prefix.close()
 
-    def abort_all(self) -> None:
+    def abort_all(self, reason: FinishReason = FinishReason.CANCELLED,
+                  error: str | None = None) -> None:
         if self._solo is not None:
-            self._end_solo(FinishReason.CANCELLED)
+            self._end_solo(reason, error)
         for uid in list(self._rows):
-            self._end(uid, FinishReason.CANCELLED)
+            self._end(uid, reason, error)
         while self._waiting:
             self.counters.finished += 1
-            finish(self._waiting.popleft(), FinishReason.CANCELLED, 0)
+            finish(self._waiting.popleft(), reason, 0, error)
 
     def check_integrity(self) -> None:
         c = self.counters
@@ -174,7 +175,7 @@ class ContinuousScheduler:
             decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
                               cached=cached, checkpoints=r.checkpoints,
                               on_checkpoint=self._checkpointer(r) if self.prefix is not None
-                              else None)
+                              else None, scheme=self.scheme)
         except Exception as e:  # e.g. an empty prompt: this request only
             self.budget.release(h.id)
             self.counters.finished += 1
@@ -200,7 +201,7 @@ class ContinuousScheduler:
             self._end_solo(FinishReason.LENGTH)
 
     def _hand_over(self) -> None:
-        """Move the solo row into the BatchGenerator: its pending token (already sampled)
+        """Move the solo row into the batch: its pending token (already sampled)
         is emitted here, then fed as the row's one-token prompt over the solo cache."""
         row, d = self._solo
         self._solo = None
@@ -212,9 +213,8 @@ class ContinuousScheduler:
             return self._end_row(row, FinishReason.CANCELLED)
         if remaining == 1:
             return self._end_row(row, FinishReason.LENGTH)
-        (uid,) = self._gen.insert([[tok]], max_tokens=[remaining - 1], caches=[d.cache],
-                                  all_tokens=[d.history], samplers=[d.sampler],
-                                  logits_processors=[d.processors])
+        uid = self._batch.insert([[tok]], remaining - 1, d.sampler, d.processors, cache=d.cache,
+                               tokens=d.history)
         self._rows[uid] = row
 
     def _end_solo(self, reason: FinishReason, error: str | None = None) -> None:
@@ -232,7 +232,7 @@ class ContinuousScheduler:
     # -- the prefix cache ---------------------------------------------------------
     def _live_kv_bytes(self) -> int:
         solo = sum(c.nbytes for c in self._solo[1].cache) if self._solo else 0
-        return self._gen.prompt_cache_nbytes + solo
+        return self._batch.nbytes + solo
 
     def _cache_limit(self) -> int | None:
         if self.ceiling is None:
@@ -278,11 +278,10 @@ class ContinuousScheduler:
             self._waiting.popleft()
             cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
             try:
-                (uid,) = self._gen.insert_segments(
-                    [self._segments(r.prompt, cached, r.checkpoints)], max_tokens=[r.max_tokens],
-                    caches=[cache] if cache is not None else None,
-                    all_tokens=[r.prompt[:cached]], samplers=[make_sampler(r.sampling)],
-                    logits_processors=[make_processors(r.sampling)])
+                uid = self._batch.insert(
+                    self._segments(r.prompt, cached, r.checkpoints), r.max_tokens,
+                    make_sampler(r.sampling), make_processors(r.sampling), cache=cache,
+                    tokens=r.prompt[:cached])
             except Exception as e:  # e.g. an empty prompt: this request only
                 self.budget.release(h.id)
                 self.counters.finished += 1
@@ -293,7 +292,7 @@ class ContinuousScheduler:
     def _segments(self, prompt: list[int], cached: int,
                   checkpoints: tuple[int, ...]) -> list[list[int]]:
         """The uncached prompt cut at checkpoints (prefill stops there, so a checkpoint is
-        taken exactly at the boundary; BatchGenerator adds the cut before the last token)."""
+        taken exactly at the boundary; the step adds the cut before the last token)."""
         if self.prefix is None:
             return [prompt[cached:]]
         cuts = [c for c in sorted(set(checkpoints)) if cached < c < len(prompt) - 1]
@@ -320,15 +319,18 @@ class ContinuousScheduler:
 
     def _end(self, uid: int, reason: FinishReason, error: str | None = None,
              removed: bool = False) -> None:
-        """Finish one row and free its KV now (BatchGenerator already dropped finished rows)."""
+        """Finish one row and free its KV now (the step already dropped finished rows)."""
         row = self._rows.pop(uid)
         if not removed:
-            self._gen.remove([uid])
+            self._batch.remove(uid)
         self._end_row(row, reason, error)
 
-    def _fail_all(self, error: str) -> None:
+    def fail_all(self, error: str) -> None:
+        """End every row in flight (solo or batched) with `error`; waiting rows stay."""
+        if self._solo is not None:
+            self._end_solo(FinishReason.ERROR, error)
         rows, self._rows = self._rows, {}
         for row in rows.values():
             self._end_row(row, FinishReason.ERROR, error)
-        self._gen.close()
-        self._gen = self._new_generator()  # its state is unknown after a failed step
+        self._batch = self._new_step()  # its state is unknown after a failed step
+        repair_random_state()

@@ -15,10 +15,10 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 
-from appliance.engine import threads
+from appliance.engine import sampling, threads
 from appliance.engine.budget import Budget
-from appliance.engine.scheduler import Scheduler
-from appliance.engine.types import Event, Finished, GenerationRequest, Rejected
+from appliance.engine.scheduler import Scheduler, finish
+from appliance.engine.types import Event, Finished, FinishReason, GenerationRequest, Rejected
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,12 @@ class Engine:
     """
 
     def __init__(self, load: Callable[[], tuple], make_scheduler: Callable[..., Scheduler],
-                 mode: str, max_rows: int, max_queue: int, budget: Budget | None = None):
+                 mode: str, max_rows: int, max_queue: int, budget: Budget | None = None,
+                 vocab_size: int | None = None):
         self._load, self._make_scheduler = load, make_scheduler
         self.mode, self.max_rows, self.max_queue, self.budget = mode, max_rows, max_queue, budget
+        self.vocab_size = vocab_size
+        self.failure: str | None = None  # why the engine thread cannot go on (then: 503s)
         self.scheduler: Scheduler | None = None
         self.model = self.tokenizer = None
         self.eos_ids: set[int] = set()
@@ -94,7 +97,14 @@ class Engine:
 
     # -- submitting (from any thread running an asyncio loop) ----------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        """Queue a request, or raise Rejected (400: can never fit; 429: queue full)."""
+        """Queue a request, or raise Rejected (400: bad settings or can never fit; 429: queue
+        full; 503: the engine has failed)."""
+        if self.failure is not None:
+            raise Rejected(503, f"the engine has failed and serves no requests: {self.failure}",
+                           code="engine_failed")
+        if self.vocab_size is not None and (bad := sampling.check(request.sampling,
+                                                                  self.vocab_size)):
+            raise Rejected(400, f"{bad[0]}: {bad[1]}", param=bad[0], code="invalid_value")
         if self.budget is not None and not self.budget.fits_alone(len(request.prompt),
                                                                   request.max_tokens):
             need = self.budget.cost(len(request.prompt), request.max_tokens)
@@ -154,7 +164,12 @@ class Engine:
             self._loop()
 
     def _loop(self) -> None:
-        """New requests join between steps; block only when there is nothing to run."""
+        """New requests join between steps; block only when there is nothing to run.
+
+        A step that raises past the scheduler's own containment fails the rows in flight
+        (with the error), never the thread: the loop goes on. If even that fails, the
+        engine records why (`failure`: /health and new requests answer 503), ends every
+        request it holds, and returns."""
         s = self.scheduler
         while True:
             items = [] if s.has_work() else [self._queue.get()]
@@ -167,12 +182,31 @@ class Engine:
                     return self._refuse_rest()
                 self._queued -= 1
                 s.add(h)
-            s.step()
+            try:
+                s.step()
+            except Exception as e:
+                log.exception("engine step failed; failing the rows in flight")
+                try:
+                    s.fail_all(f"{type(e).__name__}: {e}")
+                    sampling.repair_random_state()
+                except Exception as again:
+                    log.exception("the engine cannot recover; it stops serving")
+                    self.failure = f"{type(again).__name__}: {again}"
+                    return self._refuse_all(s)
 
     def _refuse_rest(self) -> None:
-        from appliance.engine.scheduler import finish
-        from appliance.engine.types import FinishReason
-
         while not self._queue.empty():
             if (h := self._queue.get()) is not None:
+                self._queued -= 1
                 finish(h, FinishReason.CANCELLED, 0)
+
+    def _refuse_all(self, s: Scheduler) -> None:
+        """A failed engine: end what the scheduler holds, then answer every request that
+        still arrives (one may have passed `submit`'s check just before) until stop()."""
+        try:
+            s.abort_all(FinishReason.ERROR, self.failure)
+        except Exception:
+            log.exception("could not end the rows of the failed engine")
+        while (h := self._queue.get()) is not None:
+            self._queued -= 1
+            finish(h, FinishReason.ERROR, 0, self.failure)

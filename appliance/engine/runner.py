@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from appliance.engine.kv import Scheme
 from appliance.engine.sampling import make_processors, make_sampler
 from appliance.engine.types import SamplingParams
 
@@ -38,15 +39,15 @@ class Decoder:
 
     def __init__(self, model, prompt: list[int], sampling: SamplingParams, prefill_chunk: int,
                  cache: list | None = None, cached: int = 0, checkpoints: tuple[int, ...] = (),
-                 on_checkpoint=None):
+                 on_checkpoint=None, scheme: Scheme | None = None):
         """`cache` already holds prompt[:cached] (a prefix-cache hit). Prefill pauses at
         every checkpoint in `checkpoints` and at len(prompt) - 1 when `on_checkpoint` is
-        given, calling on_checkpoint(tokens, cache) there (the callee copies)."""
-        from mlx_lm.models.cache import make_prompt_cache
-
-        self.model = model
+        given, calling on_checkpoint(tokens, cache) there (the callee copies). `scheme`:
+        the KV scheme; its quantized layers convert after each forward pass once they hold
+        `kv.start` tokens, as generate_step's `kv_bits` does."""
+        self.model, self.scheme = model, scheme or Scheme()
         self.sampler, self.processors = make_sampler(sampling), make_processors(sampling)
-        self.cache = cache if cache is not None else make_prompt_cache(model)
+        self.cache = cache if cache is not None else self.scheme.make_cache(model)
         self.history = list(prompt)  # every token fed to the cache so far, in order
         self._seen = mx.array(prompt[:cached]) if self.processors and cached else None
         stops = sorted({c for c in checkpoints if cached < c < len(prompt) - 1}
@@ -57,6 +58,7 @@ class Decoder:
             if stops and stops[0] > pos:
                 n = min(n, stops[0] - pos)
             model(rest[:n][None], cache=self.cache)
+            self.scheme.maybe_quantize(self.cache)
             mx.eval([c.state for c in self.cache])
             if self.processors:
                 self._seen = rest[:n] if self._seen is None else mx.concat([self._seen, rest[:n]])
@@ -72,6 +74,7 @@ class Decoder:
 
     def _step(self, inp: mx.array):
         logits = self.model(inp[None], cache=self.cache)[:, -1, :]
+        self.scheme.maybe_quantize(self.cache)
         if self.processors:
             self._seen = inp if self._seen is None else mx.concat([self._seen, inp])
             for p in self.processors:
@@ -95,8 +98,8 @@ class Decoder:
 
 
 def generate(model, prompt: list[int], max_tokens: int, sampling: SamplingParams,
-             prefill_chunk: int) -> Iterator[tuple[int, mx.array]]:
+             prefill_chunk: int, scheme: Scheme | None = None) -> Iterator[tuple[int, mx.array]]:
     """(token id, log-probabilities) for one request, as mlx_lm's generate_step yields them."""
-    d = Decoder(model, prompt, sampling, prefill_chunk)
+    d = Decoder(model, prompt, sampling, prefill_chunk, scheme=scheme)
     for n in range(max_tokens):
         yield d.next(last=n + 1 == max_tokens)

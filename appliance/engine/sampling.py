@@ -41,6 +41,33 @@ class SeededSampler:
         return mx.random.categorical(logprobs * (1.0 / s.temperature), key=sub)
 
 
+MAX_SEED = 2**64 - 1  # MLX random keys are unsigned 64-bit
+
+
+def check(s: SamplingParams, vocab: int) -> tuple[str, str] | None:
+    """(field, problem) for a setting MLX would fail on, or None. Checked before a request
+    reaches the engine thread: mlx-lm's top-k is compiled over the global random state, and
+    a call that raises there leaves that state broken for every later unseeded row."""
+    if not isinstance(s.top_k, int) or not 0 <= s.top_k < vocab:
+        return "top_k", f"{s.top_k} is out of range [0, {vocab})"
+    if s.seed is not None and (not isinstance(s.seed, int) or not 0 <= s.seed <= MAX_SEED):
+        return "seed", f"{s.seed} is out of range [0, {MAX_SEED}]"
+    if not s.temperature >= 0:
+        return "temperature", f"{s.temperature} must be >= 0"
+    return None
+
+
+def repair_random_state() -> None:
+    """After a failed step: if the global random state was left unusable (a compiled
+    sampler that raised mid-trace), reseed it so unseeded rows can sample again."""
+    import os
+
+    try:
+        mx.eval(mx.random.state)
+    except Exception:
+        mx.random.seed(int.from_bytes(os.urandom(8), "little"))
+
+
 def make_sampler(s: SamplingParams):
     """Greedy rows share mlx-lm's greedy sampler (so a greedy batch samples in one call)."""
     if s.temperature == 0:

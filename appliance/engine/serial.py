@@ -15,8 +15,9 @@ from appliance.engine.types import FinishReason
 
 
 class SerialScheduler:
-    def __init__(self, model, eos_ids: set[int], prefill_chunk: int):
+    def __init__(self, model, eos_ids: set[int], prefill_chunk: int, scheme=None):
         self.model, self.eos_ids, self.prefill_chunk = model, eos_ids, prefill_chunk
+        self.scheme = scheme
         self.counters = Counters()
         self._waiting: deque = deque()
         self._current = None  # (handle, token iterator, tokens delivered)
@@ -42,7 +43,7 @@ class SerialScheduler:
             h = self._waiting.popleft()
             r = h.request
             self._current = [h, iter(generate(self.model, r.prompt, r.max_tokens, r.sampling,
-                                              self.prefill_chunk)), 0]
+                                              self.prefill_chunk, self.scheme)), 0]
             self._t0 = time.perf_counter()
         h, tokens, n = self._current
         t = time.perf_counter()
@@ -74,11 +75,17 @@ class SerialScheduler:
         self.counters.finished += 1
         finish(h, reason, n, error)
 
-    def abort_all(self) -> None:
+    def fail_all(self, error: str) -> None:
         if self._current is not None:
-            self._end(FinishReason.CANCELLED)
+            self._end(FinishReason.ERROR, error)
+
+    def abort_all(self, reason: FinishReason = FinishReason.CANCELLED,
+                  error: str | None = None) -> None:
+        if self._current is not None:
+            self._end(reason, error)
         while self._waiting:
-            finish(self._waiting.popleft(), FinishReason.CANCELLED, 0)
+            self.counters.finished += 1
+            finish(self._waiting.popleft(), reason, 0, error)
 
     def close(self) -> None:
         pass

@@ -176,7 +176,7 @@ class SsdTier:
 
     def load(self, tokens: list[int], n: int) -> list | None:
         """The cache stored for tokens[:n], verified; None (and the entry dropped) if bad."""
-        from mlx_lm.models.cache import load_prompt_cache
+        from appliance.engine.kv import load_blob
 
         key = _key(tokens[:n])
         meta = self._meta.get(key)
@@ -190,7 +190,7 @@ class SsdTier:
             verified = _POOL.submit(checksums, path, meta["nbytes"])  # while MLX reads it
             import mlx.core as mx
 
-            cache, info = load_prompt_cache(str(path), return_metadata=True)
+            cache, info = load_blob(str(path))
             mx.eval([c.state for c in cache])  # read now: the file may be evicted later
             if verified.result() != meta["crcs"]:
                 raise ValueError("checksum mismatch")

@@ -33,9 +33,11 @@ class GenerationRequest:
 class Rejected(Exception):
     """The engine will not take this request; `status` is the HTTP status to answer."""
 
-    def __init__(self, status: int, message: str, retry_after: int | None = None):
+    def __init__(self, status: int, message: str, retry_after: int | None = None,
+                 param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.retry_after = status, message, retry_after
+        self.param, self.code = param, code
 
 
 class FinishReason(str, enum.Enum):

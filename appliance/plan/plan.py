@@ -10,6 +10,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from appliance.plan.kv import KVPlan
+
 
 @dataclass(frozen=True)
 class ModelPlan:
@@ -36,12 +38,6 @@ class ModelPlan:
     synthetic: dict | None = None  # {shape, bits, seed} for model=synthetic, else None
 
 
-@dataclass(frozen=True)
-class KVPlan:
-    scheme: str
-    dtype: str
-    bytes_per_token: int  # all growing (full-attention) layers, K and V
-    sliding_bytes_per_token: int  # sliding layers, up to sliding_window tokens
 
 
 @dataclass(frozen=True)
@@ -98,6 +94,7 @@ class MemoryPlan:
     kv_budget_bytes: int  # usable - weights - prefix-cache cap: what live KV may use
     kv_and_cache_bytes: int  # usable - weights: the one ceiling live KV and the RAM tier share
     kv_bytes_at_max_context: int  # one request at max_context
+    rows_at_max_context: dict  # per KV option: rows of max_context that fit kv_budget_bytes
 
 
 @dataclass(frozen=True)
@@ -146,7 +143,7 @@ def fingerprint(model: ModelPlan, kv: KVPlan, draft: DraftPlan) -> str:
                   model.synthetic],
         "dtype": model.dtype,
         "quantization": model.quantization,
-        "kv": [kv.scheme, kv.dtype],
+        "kv": kv.fingerprint_key(),
         "draft": draft.kind,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()

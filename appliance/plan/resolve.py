@@ -10,6 +10,7 @@ from typing import Any
 
 from appliance import _blas
 from appliance.plan.errors import PlanError
+from appliance.plan.kv import OPTIONS, check_scheme, resolve_kv
 from appliance.plan.machine import GiB, detect
 from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo, inspect_config, inspect_model
 from appliance.plan.plan import (
@@ -17,7 +18,6 @@ from appliance.plan.plan import (
     CachePlan,
     DraftPlan,
     ExecutionPlan,
-    KVPlan,
     MachinePlan,
     MemoryPlan,
     ModelPlan,
@@ -31,7 +31,6 @@ EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "embedded" / "tiny"
 # What is implemented today. Later capabilities extend these sets.
 SOURCES = ("tiny", "local", "hf", "synthetic")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_SCHEMES = ("native",)
 DRAFTS = ("none",)
 BATCH_MODES = ("continuous", "serial")
 # How each layer kind's rows are held when batched (mlx-lm's batch cache classes).
@@ -105,6 +104,24 @@ def _weights_resident(info: ModelInfo, dtype: str) -> int:
     return info.weight_bytes + delta * info.float_weight_elements
 
 
+def _rows_per_option(info: ModelInfo, dtype: str, backend: str, kv: Any, budget: int,
+                     max_ctx: int) -> dict:
+    """Rows of `max_ctx` tokens each KV option would fit in `budget` (same keep_layers and
+    group size as this plan), so a user sees what switching kv= buys before trying it."""
+    out = {}
+    for name, fields in OPTIONS.items():
+        p = resolve_kv(type("KV", (), {**_fields(kv), **fields})(), info, dtype, backend,
+                       max_ctx, [])
+        if p is not None and p.bytes_per_token:
+            out[name] = max(0, budget) // (p.bytes_per_token * max_ctx)
+    return out
+
+
+def _fields(kv: Any) -> dict:
+    return {k: getattr(kv, k) for k in ("scheme", "key_bits", "value_bits", "group_size",
+                                        "start", "keep_layers", "rotation", "rotation_seed")}
+
+
 def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     """Turn a composed config (DictConfig or equivalent attribute tree) into a plan."""
     problems: list[str] = []
@@ -113,7 +130,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
 
     _choice(problems, "model.source", m.source, SOURCES)
     _choice(problems, "model.dtype", m.dtype, DTYPES)
-    _choice(problems, "kv.scheme", cfg.kv.scheme, KV_SCHEMES)
+    check_scheme(cfg.kv.scheme, problems)
     _choice(problems, "draft.kind", cfg.draft.kind, DRAFTS)
     _choice(problems, "batch.mode", cfg.batch.mode, BATCH_MODES)
     _choice(problems, "cache.kind", cfg.cache.kind, CACHES)
@@ -199,10 +216,10 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         if m.source == "synthetic" else None,
     )
 
-    kv_width = 2 * (info.num_kv_heads or 0) * (info.head_dim or 0) * COMPUTE_BYTES[dtype]
-    per_tok = info.layer_kinds.count("full") * kv_width
-    kv = KVPlan(scheme=cfg.kv.scheme, dtype=dtype, bytes_per_token=per_tok,
-                sliding_bytes_per_token=info.layer_kinds.count("sliding") * kv_width)
+    kv = resolve_kv(cfg.kv, info, dtype, here.backend, max_ctx, problems)
+    if kv is None or problems:
+        raise PlanError(problems)
+    per_tok = kv.bytes_per_token
 
     memory = int(mach.memory_gb * GiB) if mach.memory_gb else here.memory_bytes
     headroom = max(int(mach.headroom_gb * GiB), int(mach.headroom_fraction * memory))
@@ -215,7 +232,10 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     mem = MemoryPlan(usable_bytes=usable, weights_bytes=model.weight_bytes,
                      kv_budget_bytes=usable - model.weight_bytes - ram_cap,
                      kv_and_cache_bytes=usable - model.weight_bytes,
-                     kv_bytes_at_max_context=per_tok * max_ctx)
+                     kv_bytes_at_max_context=per_tok * max_ctx,
+                     rows_at_max_context=_rows_per_option(
+                         info, dtype, here.backend, cfg.kv, kv_budget or (
+                             usable - model.weight_bytes - ram_cap), max_ctx))
     if mem.kv_and_cache_bytes > 0 >= mem.kv_budget_bytes:
         problems.append(f"cache.ram.bytes={cfg.cache.ram.bytes} leaves no memory for live KV "
                         f"({mem.kv_and_cache_bytes / GiB:.2f} GiB after the weights); lower it")

@@ -1,0 +1,352 @@
+"""The engine's own batched step: decode every running row, then prefill one chunk.
+
+One `tick()` runs, in this order, what mlx-lm's `BatchGenerator.next()` runs (that class
+stays the oracle, in appliance/oracle.py and the tests, and a native row here is token-exact
+with it at the same B):
+
+1. one decode step for the running rows: a forward pass over each row's pending token,
+   logits processors per row, log-softmax, sampling (one call when the rows share a
+   sampler), pipelined: step t+1 is queued before step t's tokens are read;
+2. rows whose prompt is down to its last token start decoding: that token's first
+   forward runs over their own cache, which then joins the running rows;
+3. one chunk of at most `prefill_chunk` prompt tokens for the rows being prefilled
+   (`prefill_rows` prompts together, right-padded, then rolled back to left padding).
+
+What the engine owns beyond it: the KV layouts (`appliance/engine/kv`: native, affine,
+TurboQuant; one per layer, each row's logical length kept apart from the write position),
+the row caches they are built from (`make_cache`), and per-row rollback (`rollback`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.models.cache import TokenBuffer
+
+from appliance.engine.kv import Scheme
+
+
+@dataclass
+class PromptEvent:
+    """A prefill chunk ran for `uid`; `end_of_segment`: it ended one of its segments (a
+    checkpoint: the prefix cache may take the row's cache now)."""
+
+    uid: int
+    end_of_segment: bool
+    end_of_prompt: bool
+
+
+@dataclass
+class TokenEvent:
+    uid: int
+    token: int
+    logprobs: mx.array
+    finish_reason: str | None  # None | "stop" (an EOS id) | "length"
+    cache: list | None = None  # the row's cache, on finish (for the prefix cache)
+    tokens: list[int] | None = None  # the tokens in that cache
+
+
+@dataclass
+class _Seq:
+    """A row not yet being prefilled."""
+
+    uid: int
+    segments: list[list[int]]
+    max_tokens: int
+    cache: list
+    tokens: list[int]
+    sampler: object
+    processors: tuple
+
+
+@dataclass
+class _Batch:
+    """Rows held together: per-row lists plus one KV layout per layer."""
+
+    uids: list[int] = field(default_factory=list)
+    layers: list = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # the tokens in each row's KV
+    samplers: list = field(default_factory=list)
+    processors: list[tuple] = field(default_factory=list)
+    max_tokens: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.uids)
+
+    def extend(self, other: _Batch) -> None:
+        if not self.layers:
+            self.layers = other.layers
+        elif other.layers:
+            for a, b in zip(self.layers, other.layers, strict=True):
+                a.extend(b)
+        for name in ("uids", "tokens", "samplers", "processors", "max_tokens"):
+            getattr(self, name).extend(getattr(other, name))
+
+    def filter(self, keep: list[int]) -> None:
+        if not keep:
+            self.layers = []
+        else:
+            for c in self.layers:
+                c.filter(keep)
+        for name in ("uids", "tokens", "samplers", "processors", "max_tokens"):
+            setattr(self, name, [getattr(self, name)[i] for i in keep])
+
+    def extract(self, i: int) -> list:
+        return [c.extract(i) for c in self.layers]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.layers)
+
+
+class _Decoding(_Batch):
+    """The running rows, with their pipelined state."""
+
+    def __init__(self):
+        super().__init__()
+        self.next_tokens: mx.array | None = None  # sampled, not yet read
+        self.next_logprobs: list[mx.array] = []
+        self.context: list[TokenBuffer] = []  # token history for logits processors
+        self.generated: list[int] = []
+
+    def extend(self, other: _Decoding) -> None:
+        super().extend(other)
+        if self.next_tokens is None:
+            self.next_tokens = other.next_tokens
+        elif other.next_tokens is not None:
+            self.next_tokens = mx.concatenate([self.next_tokens, other.next_tokens])
+        self.next_logprobs.extend(other.next_logprobs)
+        self.context.extend(other.context)
+        self.generated.extend(other.generated)
+
+    def filter(self, keep: list[int]) -> None:
+        super().filter(keep)
+        self.next_tokens = self.next_tokens[mx.array(keep)] if keep else None
+        self.next_logprobs = [self.next_logprobs[i] for i in keep]
+        self.context = [self.context[i] for i in keep]
+        self.generated = [self.generated[i] for i in keep]
+
+    def step(self, model) -> tuple[list[int], list[mx.array]]:
+        """Queue the forward pass over the pending tokens; return the previous step's."""
+        inputs, current_logprobs = self.next_tokens, self.next_logprobs
+        logits = model(inputs[:, None], cache=self.layers)[:, -1, :]
+        context = []
+        if any(self.processors):
+            rows = []
+            for e, procs in enumerate(self.processors):
+                row = logits[e:e + 1]
+                if procs:
+                    ctx = self.context[e].update_and_fetch(inputs[e:e + 1])
+                    context.append(ctx)
+                    for p in procs:
+                        row = p(ctx, row)
+                rows.append(row)
+            logits = mx.concatenate(rows, axis=0)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if all(s is self.samplers[0] for s in self.samplers):
+            sampled = self.samplers[0](logprobs)  # one call for rows sharing a sampler
+        else:
+            sampled = mx.concatenate([s(logprobs[e:e + 1])
+                                      for e, s in enumerate(self.samplers)], axis=0)
+        self.next_tokens, self.next_logprobs = sampled, list(logprobs)
+        mx.async_eval(self.next_tokens, self.next_logprobs, context)
+        mx.eval(inputs, current_logprobs)
+        toks = inputs.tolist()
+        for row, t in zip(self.tokens, toks, strict=True):
+            row.append(t)  # now in the row's KV
+        return toks, current_logprobs
+
+
+class BatchStep:
+    """Rows waiting, being prefilled and decoding; `tick()` advances them all by one step.
+
+    Only the engine thread may call it. `uid`s are its own (returned by `insert`)."""
+
+    def __init__(self, model, stop_tokens: set[int], max_rows: int, prefill_chunk: int,
+                 scheme: Scheme | None = None, prefill_rows: int = 1):
+        """`scheme`: the plan's KV scheme (native when None)."""
+        self.model, self.stop_tokens = model, set(stop_tokens)
+        self.max_rows, self.prefill_chunk, self.prefill_rows = max_rows, prefill_chunk, \
+            prefill_rows
+        self.scheme = scheme or Scheme()
+        self._uids = 0
+        self._waiting: deque[_Seq] = deque()
+        self._prefill = _Batch()
+        self._segments: list[list[list[int]]] = []  # per prefilling row: what is left
+        self._decode = _Decoding()
+        self._steps = 0
+
+    # -- rows in --------------------------------------------------------------------
+    def insert(self, segments: list[list[int]], max_tokens: int, sampler, processors=(),
+               cache: list | None = None, tokens: list[int] | None = None) -> int:
+        """Queue a row: its prompt as `segments` (prefill pauses at each segment's end) over
+        `cache`, which already holds `tokens` (a prefix-cache hit, or a solo row's history).
+        The last prompt token is fed by the row's first decode step."""
+        seq = [s for s in segments if s]
+        if not seq:
+            raise ValueError("the prompt is empty")
+        if max_tokens <= 0:
+            raise ValueError("max_tokens must be > 0")
+        if len(seq[-1]) != 1:
+            seq.append(seq[-1][-1:])
+            seq[-2] = seq[-2][:-1]
+        uid, self._uids = self._uids, self._uids + 1
+        if cache is None:
+            cache = self.scheme.make_cache(self.model)
+        self._waiting.append(_Seq(uid, seq, max_tokens, cache, list(tokens or []), sampler,
+                                  tuple(processors or ())))
+        return uid
+
+    # -- the step -------------------------------------------------------------------
+    def tick(self) -> tuple[list[PromptEvent], list[TokenEvent]]:
+        events: list[TokenEvent] = []
+        if len(self._decode):
+            events = self._decode_step()
+            self._steps += 1
+            if self._steps % 512 == 0:
+                mx.clear_cache()
+        if len(self._decode) >= self.max_rows:
+            return [], events
+        n = min(self.prefill_rows - len(self._prefill), self.max_rows - len(self._decode),
+                len(self._waiting))
+        if n > 0:
+            self._admit(n)
+        prompt_events: list[PromptEvent] = []
+        ready = [i for i, segs in enumerate(self._segments) if len(segs) == 1
+                 and len(segs[0]) == 1]
+        if ready:
+            self._start_decoding(ready)
+            prompt_events += [PromptEvent(u, True, True) for u in self._decode.uids[-len(ready):]]
+        chunks = []
+        for i, segs in enumerate(self._segments):
+            n = min(len(segs[0]), self.prefill_chunk)
+            chunks.append(segs[0][:n])
+            segs[0] = segs[0][n:]
+            end = not segs[0]
+            if end:
+                segs.pop(0)
+            prompt_events.append(PromptEvent(self._prefill.uids[i], end, False))
+        self._prefill_chunk(chunks)
+        return prompt_events, events
+
+    def _admit(self, n: int) -> None:
+        new = [self._waiting.popleft() for _ in range(n)]
+        batch = _Batch([s.uid for s in new], self.scheme.merge([s.cache for s in new]),
+                       [s.tokens for s in new], [s.sampler for s in new],
+                       [s.processors for s in new], [s.max_tokens for s in new])
+        self._prefill.extend(batch)
+        self._segments += [s.segments for s in new]
+
+    def _prefill_chunk(self, chunks: list[list[int]]) -> None:
+        """Run one chunk per prefilling row (right-padded when uneven, then re-aligned)."""
+        if not chunks:
+            return
+        for row, c in zip(self._prefill.tokens, chunks, strict=True):
+            row += c
+        lengths = [len(c) for c in chunks]
+        pad = [max(lengths) - n for n in lengths]
+        if max(pad) > 0:
+            x = mx.array([c + [0] * p for c, p in zip(chunks, pad, strict=True)])
+            for c in self._prefill.layers:
+                c.prepare(lengths=lengths, right_padding=pad)
+        else:
+            x = mx.array(chunks)
+        self.model(x, cache=self._prefill.layers)
+        mx.eval([c.state for c in self._prefill.layers])
+        mx.clear_cache()
+        if max(pad) > 0:
+            for c in self._prefill.layers:
+                c.finalize()
+            mx.eval([c.state for c in self._prefill.layers])
+            mx.clear_cache()
+
+    def _start_decoding(self, ready: list[int]) -> None:
+        """Rows whose prompt is down to its last token: feed it, then join the running rows."""
+        rest = [i for i in range(len(self._prefill)) if i not in ready]
+        last = [self._segments[i][0][0] for i in ready]
+        rows = _Decoding()
+        for name in ("uids", "tokens", "samplers", "processors", "max_tokens"):
+            setattr(rows, name, [getattr(self._prefill, name)[i] for i in ready])
+        if rest:
+            rows.layers = copy.deepcopy(self._prefill.layers)
+            self._prefill.filter(rest)
+        else:
+            rows.layers, self._prefill = self._prefill.layers, _Batch()
+        for c in rows.layers:
+            c.filter(ready)  # also drops the padding the ready rows share, as mlx-lm does
+        self._segments = [self._segments[i] for i in rest]
+        rows.next_tokens = mx.array(last)
+        rows.context = [TokenBuffer(t) for t in rows.tokens]
+        rows.generated = [0] * len(ready)
+        rows.step(self.model)  # the last prompt token's forward, over these rows alone
+        self._decode.extend(rows)
+
+    def _decode_step(self) -> list[TokenEvent]:
+        d = self._decode
+        toks, logprobs = d.step(self.model)
+        keep, events = [], []
+        for i, uid in enumerate(d.uids):
+            d.generated[i] += 1
+            reason = "length" if d.generated[i] >= d.max_tokens[i] else None
+            if toks[i] in self.stop_tokens:
+                reason = "stop"
+            if reason is None:
+                keep.append(i)
+                events.append(TokenEvent(uid, toks[i], logprobs[i], None))
+            else:
+                events.append(TokenEvent(uid, toks[i], logprobs[i], reason, d.extract(i),
+                                         d.tokens[i]))
+        if len(keep) < len(d):
+            d.filter(keep)
+        return events
+
+    # -- rows out -------------------------------------------------------------------
+    def _where(self, uid: int) -> tuple[str, int]:
+        for stage, batch in (("decode", self._decode), ("prefill", self._prefill)):
+            if uid in batch.uids:
+                return stage, batch.uids.index(uid)
+        for i, s in enumerate(self._waiting):
+            if s.uid == uid:
+                return "waiting", i
+        raise KeyError(uid)
+
+    def extract(self, uid: int) -> tuple[list, list[int]]:
+        """A copy of one row's cache and the tokens in it (for the prefix cache)."""
+        stage, i = self._where(uid)
+        if stage == "waiting":
+            s = self._waiting[i]
+            return s.cache, s.tokens
+        batch = self._decode if stage == "decode" else self._prefill
+        return batch.extract(i), batch.tokens[i]
+
+    def remove(self, uid: int) -> None:
+        stage, i = self._where(uid)
+        if stage == "waiting":
+            del self._waiting[i]
+            return
+        batch = self._decode if stage == "decode" else self._prefill
+        keep = [j for j in range(len(batch)) if j != i]
+        batch.filter(keep)
+        if stage == "prefill":
+            self._segments = [self._segments[j] for j in keep]
+
+    def rollback(self, uid: int, n: int) -> None:
+        """Drop the last `n` tokens of a decoding row from its KV (rejected draft tokens)."""
+        stage, i = self._where(uid)
+        if stage != "decode":
+            raise ValueError(f"row {uid} is not decoding")
+        for c in self._decode.layers:
+            c.rollback(i, n)
+        del self._decode.tokens[i][-n:]
+
+    @property
+    def nbytes(self) -> int:
+        """KV bytes held by every row (waiting rows' caches included)."""
+        return (sum(c.nbytes for s in self._waiting for c in s.cache)
+                + self._prefill.nbytes + self._decode.nbytes)
+
+    def __len__(self) -> int:
+        return len(self._waiting) + len(self._prefill) + len(self._decode)

@@ -1,0 +1,154 @@
+"""The KV scheme of a plan: which layers are quantized, how, and their true bytes per token.
+
+Schemes (`conf/kv/`): `native` (the compute dtype), `affine` (`mx.quantize`: per group of
+`group_size` elements a scale and a bias in the compute dtype; keys and values may have
+their own bits: `k8v4`), `turboquant` (refused until its layout lands). Only full-attention
+layers are quantized: sliding-window and recurrent layers stay native, and so do
+`keep_layers` (by default the first 2 and last 2 attention layers of a dense model, where
+quantization error costs most: vLLM's and aither's boundary layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo
+
+SCHEMES = ("native", "affine")
+AFFINE_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
+GROUP_SIZES = (32, 64, 128)
+BOUNDARY = 2  # attention layers kept native at each end of a dense model
+# The conf/kv/ options, for the plan's per-option capacity table.
+OPTIONS = {
+    "native": {"scheme": "native", "key_bits": None, "value_bits": None},
+    "affine8": {"scheme": "affine", "key_bits": 8, "value_bits": 8},
+    "k8v4": {"scheme": "affine", "key_bits": 8, "value_bits": 4},
+    "affine4": {"scheme": "affine", "key_bits": 4, "value_bits": 4},
+}
+MLA_ARCHITECTURES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe_lite", "minicpm3")
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    scheme: str  # native | affine | turboquant
+    dtype: str  # the compute dtype (native layers; scales and biases of affine layers)
+    key_bits: float | None
+    value_bits: float | None
+    group_size: int | None
+    start: int  # a row's KV stays native until it holds this many tokens
+    keep_layers: tuple[int, ...]  # full-attention layers held native
+    quantized_layers: tuple[int, ...]  # full-attention layers held quantized
+    attention: str  # how decode attends over stored codes, on this backend
+    bytes_per_token: int  # all growing (full-attention) layers, K and V, as stored
+    native_bytes_per_token: int  # the same layers in the compute dtype
+    sliding_bytes_per_token: int  # sliding layers (native), up to sliding_window tokens
+    layers: dict  # per layer kind present: how it is held and its bytes per token
+
+    def fingerprint_key(self) -> list:
+        """Everything that changes the stored bytes or the tokens."""
+        return [self.scheme, self.dtype, self.key_bits, self.value_bits, self.group_size,
+                self.start, list(self.quantized_layers)]
+
+
+def check_scheme(scheme: str, problems: list[str]) -> None:
+    if scheme == "turboquant":
+        problems.append("kv.scheme='turboquant' is not served yet: its layout and kernels are "
+                        "still being built; valid choices: native, affine (kv=affine8|"
+                        "affine4|k8v4)")
+    elif scheme not in SCHEMES:
+        problems.append(f"kv.scheme={scheme!r} is not supported; valid choices: "
+                        f"{', '.join(SCHEMES)} (kv=native|affine8|affine4|k8v4)")
+
+
+def affine_vector_bytes(dim: int, bits: int, group_size: int, dtype_bytes: int) -> int:
+    """One head vector under mx.quantize: packed words plus a scale and a bias per group."""
+    return dim * bits // 8 + 2 * (dim // group_size) * dtype_bytes
+
+
+def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: int,
+               problems: list[str]) -> KVPlan | None:
+    """The KVPlan for config group `kv`, or None with `problems` appended."""
+    if kv.scheme not in SCHEMES:  # reported by check_scheme, with the config's other problems
+        return None
+    heads, dim = info.num_kv_heads or 0, info.head_dim or 0
+    dtype_bytes = COMPUTE_BYTES[dtype]
+    width = heads * dim * dtype_bytes  # one of K or V, one layer, one token
+    full = [i for i, k in enumerate(info.layer_kinds) if k == "full"]
+    n_problems = len(problems)
+    if kv.start < 0:
+        problems.append(f"kv.start={kv.start} must be >= 0")
+    if kv.scheme != "native" and kv.start > max_context:
+        problems.append(f"kv.start={kv.start} is larger than server.max_context={max_context}:"
+                        " no row would ever be quantized; lower kv.start or use kv=native")
+    if kv.scheme == "native":
+        for f in ("key_bits", "value_bits"):
+            if getattr(kv, f) is not None:
+                problems.append(f"kv.{f}={getattr(kv, f)} has no meaning with kv=native; "
+                                "valid choices: kv=affine8|affine4|k8v4|turboquant")
+        native = 2 * width * len(full)
+        return None if len(problems) > n_problems else KVPlan(
+            scheme="native", dtype=dtype, key_bits=None, value_bits=None, group_size=None,
+            start=0, keep_layers=tuple(full), quantized_layers=(), attention="fused SDPA",
+            bytes_per_token=native, native_bytes_per_token=native,
+            sliding_bytes_per_token=2 * width * info.layer_kinds.count("sliding"),
+            layers=_layers(info, dtype, 2 * width, None))
+    if info.architecture in MLA_ARCHITECTURES:
+        problems.append(f"kv={kv.scheme} on {info.architecture}: its cache is an MLA latent, "
+                        "which quantizing loses (tech-brief 1.7); valid choices: kv=native")
+    if not full:
+        problems.append(f"kv={kv.scheme}: {info.architecture} has no full-attention layers to "
+                        "quantize (sliding and recurrent layers stay native); valid choices: "
+                        "kv=native")
+    for f in ("key_bits", "value_bits"):
+        bits = getattr(kv, f)
+        if kv.scheme == "affine" and bits not in AFFINE_BITS:
+            problems.append(f"kv.{f}={bits} is not supported by mx.quantize; valid choices: "
+                            f"{', '.join(map(str, AFFINE_BITS))}")
+    if kv.group_size not in GROUP_SIZES:
+        problems.append(f"kv.group_size={kv.group_size} is not supported; valid choices: "
+                        f"{', '.join(map(str, GROUP_SIZES))}")
+    elif dim and dim % kv.group_size:
+        problems.append(f"kv.group_size={kv.group_size} does not divide head_dim={dim}; valid "
+                        f"choices: {', '.join(str(g) for g in GROUP_SIZES if dim % g == 0)}")
+    dense = set(info.layer_kinds) == {"full"}
+    if kv.keep_layers is None:  # boundary layers of a dense model; hybrids keep none
+        keep = tuple(full[:BOUNDARY] + full[-BOUNDARY:]) if dense else ()
+        keep = tuple(sorted(set(keep)))
+    else:
+        keep = tuple(sorted(set(kv.keep_layers)))
+        bad = [i for i in keep if i not in full]
+        if bad:
+            problems.append(f"kv.keep_layers={list(kv.keep_layers)}: {bad} are not "
+                            f"full-attention layers; valid choices: {full}")
+    if len(problems) > n_problems:
+        return None
+    quantized = tuple(i for i in full if i not in keep)
+    kb = affine_vector_bytes(dim, int(kv.key_bits), kv.group_size, dtype_bytes) * heads
+    vb = affine_vector_bytes(dim, int(kv.value_bits), kv.group_size, dtype_bytes) * heads
+    return KVPlan(
+        scheme=kv.scheme, dtype=dtype, key_bits=kv.key_bits, value_bits=kv.value_bits,
+        group_size=kv.group_size, start=kv.start, keep_layers=keep, quantized_layers=quantized,
+        attention=("mx.quantized_matmul over the stored codes (decode); fused SDPA over "
+                   f"fresh float KV (prefill); backend {backend}"),
+        bytes_per_token=(kb + vb) * len(quantized) + 2 * width * len(keep),
+        native_bytes_per_token=2 * width * len(full),
+        sliding_bytes_per_token=2 * width * info.layer_kinds.count("sliding"),
+        layers=_layers(info, dtype, 2 * width, (kb + vb, len(quantized), len(keep))))
+
+
+def _layers(info: ModelInfo, dtype: str, native: int, quant) -> dict:
+    out = {}
+    kinds = dict.fromkeys(info.layer_kinds)
+    if "full" in kinds:
+        if quant is None:
+            out["full"] = {"held": dtype, "bytes_per_token": native}
+        else:
+            q, n_q, n_keep = quant
+            out["full"] = {"held": f"{n_q} quantized, {n_keep} native ({dtype})",
+                           "bytes_per_token": q, "native_bytes_per_token": native}
+    if "sliding" in kinds:
+        out["sliding"] = {"held": f"{dtype} (never quantized)", "bytes_per_token": native}
+    if "recurrent" in kinds:
+        out["recurrent"] = {"held": f"{dtype} state (never quantized)", "bytes_per_token": 0}
+    return out

@@ -1,0 +1,136 @@
+"""Regressions from the outside-in attack (issue: hardening): bad sampling values never reach
+MLX, one request never breaks another, and the engine thread survives a failed step."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from conftest import resolve_overrides, run_engine
+
+from appliance.engine import FinishReason, GenerationRequest, Rejected, SamplingParams
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def _post(server, plan, **body):
+    return httpx.post(f"{server}/v1/chat/completions", timeout=60,
+                      json={"model": plan.model.id, **CHAT, **body})
+
+
+@pytest.mark.parametrize("top_k", [4096, 5000, 2**63, 2**70])
+def test_top_k_past_the_vocabulary_is_a_400_and_harms_no_later_request(server, plan, top_k):
+    """F1: top_k >= vocab was a 500 that left MLX's global random state broken, so every
+    later unseeded sampled request failed until a restart."""
+    r = _post(server, plan, temperature=0.7, top_k=top_k)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "top_k" and str(plan.model.vocab_size) in err["message"]
+    after = _post(server, plan, temperature=0.7)
+    assert after.status_code == 200, after.text  # was 500 "[eval] ... without a primitive"
+    assert after.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 2**80])
+def test_seed_out_of_range_is_a_400_naming_seed(server, plan, seed):
+    """F2: a negative seed or one past 64 bits was a 500 TypeError from mx.random.key."""
+    r = _post(server, plan, temperature=0.7, seed=seed)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "seed"
+
+
+def test_the_largest_seed_is_served(server, plan):
+    r = _post(server, plan, temperature=0.7, seed=2**64 - 1)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("sampling,field", [
+    (SamplingParams(temperature=0.7, top_k=4096), "top_k"),
+    (SamplingParams(temperature=0.7, seed=-1), "seed"),
+])
+def test_the_engine_itself_refuses_what_mlx_would_fail_on(engine, sampling, field):
+    """Callers that skip the API (benchmarks, tests) are checked at submit too."""
+    async def go():
+        engine.submit(GenerationRequest([1, 2, 3], 2, sampling))
+
+    with pytest.raises(Rejected) as e:
+        asyncio.run(go())
+    assert e.value.status == 400 and e.value.param == field
+
+
+def test_a_broken_global_random_state_is_repaired():
+    """mlx-lm's compiled top-k raising mid-trace leaves mx.random.state unusable; the engine
+    repairs it after a failed step."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    from appliance.engine.sampling import repair_random_state
+
+    x = mx.zeros((1, 16))
+    with pytest.raises(ValueError):
+        make_sampler(temp=0.7, top_k=99)(x)
+    with pytest.raises(RuntimeError):
+        mx.eval(mx.random.categorical(x))
+    repair_random_state()
+    assert 0 <= mx.random.categorical(x).item() < 16
+
+
+@pytest.fixture
+def fresh_engine():
+    from appliance.engine import build_engine
+
+    eng = build_engine(resolve_overrides([]))
+    yield eng
+    eng.stop()
+
+
+def test_a_step_that_raises_fails_its_rows_and_the_engine_goes_on(fresh_engine):
+    """F8: an exception escaping the scheduler's step used to end the engine thread; every
+    request then hung while /health said ok."""
+    s = fresh_engine.scheduler
+    real = s.step
+    calls = {"n": 0}
+
+    def step_once_broken():
+        calls["n"] += 1
+        if calls["n"] == 2:  # after the request's first step: it is in flight
+            raise RuntimeError("injected fault")
+        return real()
+
+    s.step = step_once_broken
+    toks, fin = run_engine(fresh_engine, GenerationRequest([1, 2, 3, 4], 8))
+    assert fin.reason is FinishReason.ERROR and "injected fault" in fin.error
+    toks, fin = run_engine(fresh_engine, GenerationRequest([1, 2, 3, 4], 4))
+    assert fin.reason is FinishReason.LENGTH and len(toks) == 4
+    assert fresh_engine.failure is None
+
+
+def test_an_engine_that_cannot_recover_says_so(fresh_engine):
+    """When even failing the rows fails, the engine records why: new requests get 503 (not a
+    hang) and /health answers 503."""
+    from litestar.testing import TestClient
+
+    from appliance.api import create_app
+
+    s = fresh_engine.scheduler
+
+    def broken(*_):
+        raise RuntimeError("injected fault")
+
+    s.step, s.fail_all = broken, broken
+    toks, fin = run_engine(fresh_engine, GenerationRequest([1, 2, 3, 4], 8))
+    assert fin.reason is FinishReason.ERROR
+    deadline = time.time() + 10
+    while fresh_engine.failure is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert "injected fault" in fresh_engine.failure
+
+    plan = resolve_overrides([])
+    with TestClient(create_app(plan, fresh_engine)) as c:
+        h = c.get("/health")
+        assert h.status_code == 503 and h.json()["status"] == "failed"
+        r = c.post("/v1/completions", json={"model": plan.model.id, "prompt": "x",
+                                            "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_failed"

@@ -1,0 +1,138 @@
+"""The KV layout contract (appliance/engine/kv/base.py), one suite over every layout.
+
+Rows of uneven lengths are merged, extended, filtered and rolled back; after each
+operation every row's extracted KV must be exactly its own tokens, and a new token must
+land right after each row's last kept token. That is the failure found in another
+server's batched quantized cache: it derived the write position from the rows' lengths,
+so after a row left, new tokens overwrote live KV.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache, save_prompt_cache
+
+from appliance.engine.kv import Scheme, load_blob
+from appliance.engine.kv.affine import AffineRowCache
+
+H, D = 2, 64
+SCHEMES = {
+    "native": Scheme("native"),
+    "affine8": Scheme("affine", (0,), 8, 8, 64),
+    "k8v4": Scheme("affine", (0,), 8, 4, 64),
+}
+
+
+def _tokens(n: int, seed: int):
+    k = mx.random.normal((1, H, n, D), key=mx.random.key(seed))
+    v = mx.random.normal((1, H, n, D), key=mx.random.key(seed + 1000))
+    return k, v
+
+
+def _row(scheme: Scheme, n: int, seed: int):
+    c = KVCache()
+    if n:
+        c.update_and_fetch(*_tokens(n, seed))
+    if scheme.quantized:
+        c = AffineRowCache.from_native(c, **scheme.settings)
+    return c
+
+
+def _content(c) -> list[mx.array]:
+    """A row cache's stored arrays for its tokens (codes for quantized rows)."""
+    if c.keys is None or c.offset == 0:
+        return []
+    if isinstance(c, AffineRowCache):
+        keys, values = c.state[:2]
+        return [x[..., :c.offset, :] for x in (*keys, *values)]
+    return [c.keys[..., :c.offset, :], c.values[..., :c.offset, :]]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and mx.array_equal(x, y).item()
+                                    for x, y in zip(a, b, strict=True))
+
+
+def _expect(scheme, lengths_seeds):
+    """What each row must hold: built alone, as row caches."""
+    return [_content(_row(scheme, n, s)) for n, s in lengths_seeds]
+
+
+def _append(layout, scheme, rows: int, seed: int):
+    """One new token for every row, as a decode step writes it."""
+    k, v = _tokens(1, seed)
+    layout.update_and_fetch(mx.repeat(k, rows, axis=0), mx.repeat(v, rows, axis=0))
+    return _content(_row(scheme, 1, seed))
+
+
+def _cat(a: list, b: list) -> list:
+    if not a:
+        return b
+    return [mx.concatenate([x, y], axis=2) for x, y in zip(a, b, strict=True)]
+
+
+@pytest.fixture(params=list(SCHEMES))
+def scheme(request):
+    return SCHEMES[request.param]
+
+
+def test_merge_then_extract_gives_each_row_exactly_its_tokens(scheme):
+    spec = [(5, 1), (12, 2), (0, 3), (7, 4)]
+    (layout,) = scheme.merge([[_row(scheme, n, s)] for n, s in spec])
+    for i, want in enumerate(_expect(scheme, spec)):
+        assert _same(_content(layout.extract(i)), want)
+    assert layout.offset.tolist() == [n for n, _ in spec]
+
+
+def test_filter_extend_and_append_keep_rows_apart(scheme):
+    spec = [(5, 1), (12, 2), (3, 3)]
+    (layout,) = scheme.merge([[_row(scheme, n, s)] for n, s in spec])
+    want = _expect(scheme, spec)
+    new = _append(layout, scheme, 3, 50)
+    want = [_cat(w, new) for w in want]
+    layout.filter([0, 2])  # the longest row leaves: the others keep their KV
+    want = [want[0], want[2]]
+    (other,) = scheme.merge([[_row(scheme, 9, 7)]])
+    layout.extend(other)
+    want.append(_expect(scheme, [(9, 7)])[0])
+    new = _append(layout, scheme, 3, 51)
+    want = [_cat(w, new) for w in want]
+    for i, w in enumerate(want):
+        assert _same(_content(layout.extract(i)), w), i
+    assert layout.offset.tolist() == [7, 5, 10]
+
+
+def test_rollback_drops_one_rows_tail_and_the_next_token_follows_its_kept_ones(scheme):
+    spec = [(6, 1), (10, 2), (4, 3)]
+    (layout,) = scheme.merge([[_row(scheme, n, s)] for n, s in spec])
+    want = _expect(scheme, spec)
+    layout.rollback(1, 3)
+    want[1] = [x[..., :7, :] for x in want[1]]
+    for i, w in enumerate(want):
+        assert _same(_content(layout.extract(i)), w), i
+    new = _append(layout, scheme, 3, 60)
+    want = [_cat(w, new) for w in want]
+    for i, w in enumerate(want):
+        assert _same(_content(layout.extract(i)), w), i
+    assert layout.offset.tolist() == [7, 8, 5]
+    mask = layout.make_mask(1)  # the next token sees row 1's 8 tokens and itself, no more
+    assert mask[1].reshape(-1).tolist().count(True) == 9
+    with pytest.raises(ValueError):
+        layout.rollback(2, 6)
+
+
+def test_a_rows_blob_round_trips(scheme, tmp_path):
+    (layout,) = scheme.merge([[_row(scheme, n, s)] for n, s in [(5, 1), (9, 2)]])
+    row = layout.extract(1)
+    save_prompt_cache(str(tmp_path / "b.safetensors"), [row], {"n_tokens": "9"})
+    (loaded,), info = load_blob(str(tmp_path / "b.safetensors"))
+    assert type(loaded) is type(row) and info["n_tokens"] == "9"
+    assert _same(_content(loaded), _content(row))
+
+
+def test_bytes_are_what_the_layout_holds(scheme):
+    (layout,) = scheme.merge([[_row(scheme, n, s)] for n, s in [(5, 1), (9, 2)]])
+    arrays = [layout.keys, layout.values]
+    flat = [x for a in arrays for x in (a if isinstance(a, tuple) else (a,))]
+    assert layout.nbytes == sum(x.nbytes for x in flat) > 0
