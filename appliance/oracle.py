@@ -147,13 +147,14 @@ def batch_prompts(tokenizer) -> dict[str, list[int]]:
     return {r: ids[7 * i: 7 * i + n] for i, (r, (n, _)) in enumerate(BATCH_ROWS.items())}
 
 
-def run_batch_schedule(model, tokenizer, schedule: dict) -> dict[str, list[int]]:
+def run_batch_schedule(model, tokenizer, schedule: dict,
+                       prefill_rows: int = BATCH_PREFILL_ROWS) -> dict[str, list[int]]:
     """Tokens per row from mlx-lm's BatchGenerator driven through `schedule`."""
     from mlx_lm.generate import BatchGenerator
 
     max_rows = schedule["max_rows"]
     gen = BatchGenerator(model, stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
-                         completion_batch_size=max_rows, prefill_batch_size=BATCH_PREFILL_ROWS,
+                         completion_batch_size=max_rows, prefill_batch_size=prefill_rows,
                          prefill_step_size=BATCH_PREFILL_CHUNK)
     prompts = batch_prompts(tokenizer)
     out = {r: [] for _, _, r in schedule["events"]}

@@ -24,10 +24,10 @@ def loaded(request):
     return name, model, tok, golden(f"batch-{name}")
 
 
-def _scheduler(model, tok, max_rows):
+def _scheduler(model, tok, max_rows, prefill_rows=1):
     budget = Budget(1 << 40, KVShape(1, 0, 0, 0))
     return ContinuousScheduler(model, set(tok.eos_token_ids), max_rows,
-                               oracle.BATCH_PREFILL_CHUNK, budget)
+                               oracle.BATCH_PREFILL_CHUNK, budget, prefill_rows=prefill_rows)
 
 
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
@@ -49,6 +49,20 @@ def test_rows_match_batch_generator(loaded, schedule):
         if not removed and len(c.tokens) < oracle.BATCH_ROWS[r][1]:
             want = FinishReason.STOP
         assert c.finished.reason == want and c.finished.completion_tokens == len(c.tokens)
+
+
+@pytest.mark.parametrize("schedule", ["static-4", "dynamic"])
+def test_prompts_prefilled_together_match_batch_generator(loaded, schedule):
+    """batch.prefill_rows=3: waiting prompts share right-padded prefill passes, as mlx-lm's
+    BatchGenerator does with prefill_batch_size=3 (live: no golden for this setting)."""
+    name, model, tok, _ = loaded
+    sch = oracle.BATCH_SCHEDULES[schedule]
+    prompts = oracle.batch_prompts(tok)
+    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
+            for _, _, r in sch["events"]}
+    drive(_scheduler(model, tok, sch["max_rows"], prefill_rows=3), sch["events"], rows)
+    assert {r: c.tokens for r, c in rows.items()} == oracle.run_batch_schedule(
+        model, tok, sch, prefill_rows=3)
 
 
 def test_goldens_match_the_models(loaded):

@@ -38,6 +38,14 @@ def test_budget_shapes():
     b.check_integrity()
 
 
+def test_a_quantized_row_is_charged_native_bytes_until_kv_start():
+    """A lone row holds native KV until kv.start tokens, then the scheme's bytes."""
+    s = KVShape(full_per_token=3, sliding_per_token=0, window=0, recurrent=0,
+                native_per_token=10, start=64)
+    assert s.row_bytes(32) == 32 * 10
+    assert s.row_bytes(100) == 100 * 3 + 64 * 7 >= 64 * 10  # never below what it held
+
+
 def test_admission_waits_for_bytes_head_of_line(tiny):
     """Rows cost 40 bytes each; a 100-byte budget runs two at a time, in arrival order."""
     _, tok = tiny

@@ -14,13 +14,18 @@ import pytest
 from mlx_lm.models.cache import KVCache, save_prompt_cache
 
 from appliance.engine.kv import Scheme, load_blob
-from appliance.engine.kv.affine import AffineRowCache
+from appliance.engine.kv.affine import AffineCodec
+from appliance.engine.kv.quantized import QuantRowCache
+from appliance.engine.kv.turboquant import TurboCodec
 
 H, D = 2, 64
 SCHEMES = {
-    "native": Scheme("native"),
-    "affine8": Scheme("affine", (0,), 8, 8, 64),
-    "k8v4": Scheme("affine", (0,), 8, 4, 64),
+    "native": Scheme(),
+    "affine8": Scheme(AffineCodec(64, 8, 8), (0,)),
+    "k8v4": Scheme(AffineCodec(64, 8, 4), (0,)),
+    "turboquant": Scheme(TurboCodec(64, 4, 4), (0,)),
+    "turboquant3-orthogonal": Scheme(TurboCodec(64, 3, 3, "orthogonal", 5), (0,)),
+    "turboquant3.5": Scheme(TurboCodec(64, 3.5, 3.5), (0,)),
 }
 
 
@@ -35,7 +40,7 @@ def _row(scheme: Scheme, n: int, seed: int):
     if n:
         c.update_and_fetch(*_tokens(n, seed))
     if scheme.quantized:
-        c = AffineRowCache.from_native(c, **scheme.settings)
+        c = QuantRowCache.from_native(c, scheme.codec)
     return c
 
 
@@ -43,7 +48,7 @@ def _content(c) -> list[mx.array]:
     """A row cache's stored arrays for its tokens (codes for quantized rows)."""
     if c.keys is None or c.offset == 0:
         return []
-    if isinstance(c, AffineRowCache):
+    if isinstance(c, QuantRowCache):
         keys, values = c.state[:2]
         return [x[..., :c.offset, :] for x in (*keys, *values)]
     return [c.keys[..., :c.offset, :], c.values[..., :c.offset, :]]

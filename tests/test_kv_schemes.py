@@ -20,11 +20,16 @@ from appliance.engine import GenerationRequest, SamplingParams
 from appliance.engine.budget import Budget, KVShape
 from appliance.engine.continuous import ContinuousScheduler
 from appliance.engine.kv import Scheme
+from appliance.engine.kv.affine import AffineCodec
+from appliance.engine.kv.turboquant import TurboCodec
 from appliance.engine.prefix_cache import PrefixCache, RamTier
 from appliance.engine.runner import Decoder, generate
 
 ALL_LAYERS = tuple(range(6))  # the embedded model's six layers, all quantized
-SCHEMES = {"affine8": (8, 8), "k8v4": (8, 4), "affine4": (4, 4)}
+CODECS = {"affine8": lambda: AffineCodec(64, 8, 8), "k8v4": lambda: AffineCodec(64, 8, 4),
+          "affine4": lambda: AffineCodec(64, 4, 4), "turboquant": lambda: TurboCodec(64, 4, 4),
+          "turboquant3": lambda: TurboCodec(64, 3, 3, "orthogonal", 1),
+          "turboquant3.5": lambda: TurboCodec(64, 3.5, 3.5)}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +42,7 @@ def tiny():
 @pytest.mark.parametrize("start", [0, 30])
 def test_b1_affine_equals_mlx_lm_quantized_kv_cache(tiny, bits, start):
     model, tok, prompts = tiny
-    scheme = Scheme("affine", ALL_LAYERS, bits, bits, 64, start)
+    scheme = Scheme(AffineCodec(64, bits, bits), ALL_LAYERS, start)
     for p in prompts.values():
         ours = [t for t, _ in generate(model, p, 24, SamplingParams(), 512, scheme)]
         theirs = [int(t) for t, _ in generate_step(
@@ -57,25 +62,22 @@ def _run(model, tok, prompts, schedule: str, scheme: Scheme | None):
     return {r: c.tokens for r, c in rows.items()}
 
 
-@pytest.mark.parametrize("name", list(SCHEMES))
+@pytest.mark.parametrize("name", list(CODECS))
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
 def test_batched_rows_equal_the_reference_path_at_the_same_b(tiny, name, schedule):
     model, tok, prompts = tiny
-    kb, vb = SCHEMES[name]
-    fast = _run(model, tok, prompts, schedule, Scheme("affine", (2, 3), kb, vb, 64))
-    ref = _run(model, tok, prompts, schedule, Scheme("affine", (2, 3), kb, vb, 64,
-                                                     reference=True))
+    fast = _run(model, tok, prompts, schedule, Scheme(CODECS[name](), (2, 3)))
+    ref = _run(model, tok, prompts, schedule, Scheme(CODECS[name](), (2, 3), reference=True))
     assert fast == ref
     assert all(fast.values())  # every row produced tokens
 
 
-@pytest.mark.parametrize("name", list(SCHEMES))
+@pytest.mark.parametrize("name", list(CODECS))
 def test_fast_path_logits_agree_with_the_reference_path(tiny, name):
     model, _, prompts = tiny
-    kb, vb = SCHEMES[name]
     out = []
     for reference in (False, True):
-        scheme = Scheme("affine", ALL_LAYERS, kb, vb, 64, reference=reference)
+        scheme = Scheme(CODECS[name](), ALL_LAYERS, reference=reference)
         d = Decoder(model, prompts["b"], SamplingParams(), 512, scheme=scheme)
         steps = [d.pending_logprobs]
         for _ in range(8):
@@ -85,11 +87,10 @@ def test_fast_path_logits_agree_with_the_reference_path(tiny, name):
     assert mx.abs(out[0] - out[1]).max().item() < 1e-3
 
 
-@pytest.mark.parametrize("name", list(SCHEMES))
+@pytest.mark.parametrize("name", list(CODECS))
 def test_a_prefix_hit_under_a_quantized_scheme_equals_a_cold_run(tiny, name):
     model, tok, prompts = tiny
-    kb, vb = SCHEMES[name]
-    scheme = Scheme("affine", (2, 3), kb, vb, 64)
+    scheme = Scheme(CODECS[name](), (2, 3))
     system = prompts["b"][:60]
 
     def run(prefix, tail, rows):
@@ -109,8 +110,46 @@ def test_a_prefix_hit_under_a_quantized_scheme_equals_a_cold_run(tiny, name):
     warm, cs = run(prefix, tails, 2)
     assert prefix.ram.stats.hits >= 2
     assert warm == cold
-    from appliance.engine.kv.affine import AffineRowCache
+    from appliance.engine.kv.quantized import QuantRowCache
 
     entry = next(iter(prefix.ram._lru.values())).cache
-    assert all(isinstance(entry[i], AffineRowCache) for i in (2, 3))  # stored encoded
-    assert not any(isinstance(entry[i], AffineRowCache) for i in (0, 1, 4, 5))
+    assert all(isinstance(entry[i], QuantRowCache) for i in (2, 3))  # stored encoded
+    assert not any(isinstance(entry[i], QuantRowCache) for i in (0, 1, 4, 5))
+
+
+@pytest.mark.slow
+def test_the_headline_kv_scheme_serves_through_the_openai_api(tmp_path):
+    """`appliance +profile=agent-fleet kv=turboquant`: a real server, the real client, four
+    concurrent chats (batched) sharing a system prompt, then one whose prefix is cached."""
+    import asyncio
+
+    import openai
+    from conftest import app_for
+
+    from appliance.engine.kv.quantized import QuantLayout
+
+    overrides = ["+profile=agent-fleet", "kv=turboquant", f"cache.ssd.path={tmp_path}",
+                 "model.dtype=float32"]
+    with app_for(overrides) as (plan, engine, url):
+        assert plan.kv.scheme == "turboquant" and plan.kv.quantized_layers == (2, 3)
+        assert plan.cache.kind == "tiered"
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        system = {"role": "system", "content": "You write small, correct Python functions. " * 8}
+
+        async def chat(q):
+            return await client.chat.completions.create(
+                model=plan.model.id, max_tokens=16,
+                messages=[system, {"role": "user", "content": q}])
+
+        async def fleet():
+            rs = await asyncio.gather(*(chat(f"Write a function number {i}.")
+                                        for i in range(4)))
+            return rs, await chat("Write a function number 0.")
+
+        rs, again = asyncio.run(fleet())
+        assert all(r.choices[0].finish_reason in ("stop", "length") for r in rs)
+        assert all(r.system_fingerprint == plan.fingerprint for r in rs)
+        assert again.usage.prompt_tokens_details.cached_tokens > 0
+        layouts = engine.scheduler._batch.scheme.merge([engine.scheduler._batch.scheme
+                                                        .make_cache(engine.model)])
+        assert isinstance(layouts[2], QuantLayout) and not isinstance(layouts[0], QuantLayout)

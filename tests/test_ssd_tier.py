@@ -26,13 +26,13 @@ def loaded(request):
     return oracle.load(oracle.model_path(request.param), "float32")
 
 
-def _process(model, tok, root, fingerprint=FP, ram=True, ceiling=None):
+def _process(model, tok, root, fingerprint=FP, ram=True, ceiling=None, scheme=None):
     """What a fresh appliance process has: an empty RAM tier, the SSD tier on `root`."""
     prefix = PrefixCache(ram=RamTier(1 << 30) if ram else None,
                          ssd=SsdTier(root, 1 << 30, fingerprint))
     return ContinuousScheduler(model, set(tok.eos_token_ids), 4, 32,
                                Budget(1 << 40, KVShape(1, 0, 0, 0)), prefix=prefix,
-                               ceiling=ceiling)
+                               ceiling=ceiling, scheme=scheme)
 
 
 def _reqs(tok):
@@ -48,8 +48,8 @@ def _run(s, req):
     return c
 
 
-def _cold(model, tok, req, tmp_path):
-    s = _process(model, tok, tmp_path / "cold", ram=False)
+def _cold(model, tok, req, tmp_path, scheme=None):
+    s = _process(model, tok, tmp_path / "cold", ram=False, scheme=scheme)
     tokens = _run(s, req).tokens
     s.close()  # its writer must not outlive the test (others patch os.fsync)
     return tokens
@@ -69,6 +69,40 @@ def test_prefixes_survive_a_restart(loaded, tmp_path):
     assert got.finished.cached_tokens == 40
     assert b.prefix.ssd.hits == 1 and b.prefix.ssd.dropped == 0
     assert got.tokens == _cold(model, tok, second, tmp_path)
+    b.close()
+
+
+@pytest.mark.parametrize("codec", ["k8v4", "turboquant"])
+def test_encoded_prefixes_survive_a_restart_and_equal_a_cold_run(loaded, tmp_path, codec):
+    """A quantized scheme's blobs hold its codes (never re-encoded) and load as them."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    from appliance.engine.kv import Scheme
+    from appliance.engine.kv.affine import AffineCodec
+    from appliance.engine.kv.quantized import QuantRowCache
+    from appliance.engine.kv.turboquant import TurboCodec
+
+    model, tok = loaded
+    layers = make_prompt_cache(model)
+    full = tuple(i for i, c in enumerate(layers) if type(c) is KVCache)
+    model(mx.array([[1]]), cache=layers)
+    dim = layers[full[0]].keys.shape[-1]  # the head size
+    if codec == "k8v4" and dim % 32:
+        pytest.skip(f"head_dim {dim}: no affine group size divides it (the plan refuses)")
+    make = {"k8v4": lambda: AffineCodec(32, 8, 4), "turboquant": lambda: TurboCodec(dim, 4, 4)}
+    scheme = Scheme(make[codec](), full)
+    first, second = _reqs(tok)
+    a = _process(model, tok, tmp_path, scheme=scheme)
+    _run(a, first)
+    a.abort_all()
+    a.close()
+    b = _process(model, tok, tmp_path, scheme=scheme)
+    restored = b.prefix.ssd.load(list(second.prompt), 40)
+    assert any(isinstance(c, QuantRowCache) for c in restored)
+    got = _run(b, second)
+    assert got.finished.cached_tokens == 40 and b.prefix.ssd.dropped == 0
+    assert got.tokens == _cold(model, tok, second, tmp_path, scheme)
     b.close()
 
 

@@ -55,6 +55,7 @@ class BatchConfig:
     mode: str = "continuous"  # continuous: rows decode together | serial: one at a time
     max_rows: int = 8  # rows decoded together (serial: 1)
     prefill_chunk: int = 512  # prompt tokens per forward pass; running rows stall <= one chunk
+    prefill_rows: int = 1  # waiting prompts prefilled together in one pass (each <= one chunk)
     kv_budget: str = "auto"  # bytes for live KV: auto (from the machine) or a size, e.g. 4GiB
     max_queue: int = 64  # requests waiting for a row before new ones get 429
 

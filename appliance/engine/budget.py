@@ -14,13 +14,16 @@ from dataclasses import dataclass
 class KVShape:
     """Bytes one row's KV costs, by layer kind."""
 
-    full_per_token: int
+    full_per_token: int  # as stored (a quantized scheme's true bytes)
     sliding_per_token: int
     window: int  # tokens a sliding layer keeps (0: no sliding layers)
     recurrent: int  # constant state bytes per row
+    native_per_token: int = 0  # full layers before quantization starts (kv.start)
+    start: int = 0  # tokens a lone row holds native before its KV is quantized
 
     def row_bytes(self, tokens: int) -> int:
-        return (self.full_per_token * tokens
+        extra = max(0, self.native_per_token - self.full_per_token) * min(tokens, self.start)
+        return (self.full_per_token * tokens + extra
                 + self.sliding_per_token * min(tokens, self.window)
                 + self.recurrent)
 

@@ -27,7 +27,8 @@ def build_engine(plan: ExecutionPlan) -> Engine:
     budget = Budget(b.kv_budget_bytes, KVShape(
         full_per_token=plan.kv.bytes_per_token,
         sliding_per_token=plan.kv.sliding_bytes_per_token,
-        window=m.sliding_window or 0, recurrent=0))
+        window=m.sliding_window or 0, recurrent=0,
+        native_per_token=plan.kv.native_bytes_per_token, start=plan.kv.start))
 
     def load():
         from appliance.models import materialize
@@ -57,7 +58,7 @@ def build_engine(plan: ExecutionPlan) -> Engine:
                 if c.kind in ("ssd", "tiered") else None)
         return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget, stream,
                                    prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes,
-                                   scheme=scheme)
+                                   scheme=scheme, prefill_rows=b.prefill_rows)
 
     return Engine(load, make_scheduler, mode=b.mode, max_rows=b.max_rows,
                   max_queue=b.max_queue, budget=budget, vocab_size=m.vocab_size).start()

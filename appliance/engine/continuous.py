@@ -29,8 +29,6 @@ from appliance.engine.scheduler import Counters, RowState, finish, safe_deliver,
 from appliance.engine.step import BatchStep
 from appliance.engine.types import FinishReason
 
-PREFILL_ROWS = 1  # prompts prefilled together (see _new_step)
-
 
 @dataclass
 class Row:
@@ -43,7 +41,8 @@ class Row:
 class ContinuousScheduler:
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
                  budget: Budget, stream=None, prefix: PrefixCache | None = None,
-                 ceiling: int | None = None, scheme: Scheme | None = None):
+                 ceiling: int | None = None, scheme: Scheme | None = None,
+                 prefill_rows: int = 1):
         """`prefix`: the prefix cache, if any; its RAM tier trims itself to `ceiling` minus
         the KV bytes the live rows hold and the copies waiting for the SSD writer (one
         memory ceiling for all three)."""
@@ -52,6 +51,7 @@ class ContinuousScheduler:
         self.budget, self.stream = budget, stream
         self.prefix, self.ceiling = prefix, ceiling
         self.scheme = scheme or Scheme()
+        self.prefill_rows = prefill_rows
         self.counters = Counters()
         self._waiting: deque = deque()
         self._rows: dict[int, Row] = {}  # BatchStep uid -> row
@@ -59,11 +59,11 @@ class ContinuousScheduler:
         self._batch = self._new_step()
 
     def _new_step(self) -> BatchStep:
-        # One prompt prefills at a time, head of line: a step is one decode pass plus at
-        # most `prefill_chunk` prompt tokens, so running rows stall at most one chunk and
-        # the oldest arrival gets its first token first.
+        # Head of line: a step is one decode pass plus one chunk of at most `prefill_chunk`
+        # tokens for each of up to `prefill_rows` prompts, so running rows stall at most one
+        # (padded) chunk and the oldest arrival gets its first token no later than alone.
         return BatchStep(self.model, self.eos_ids, self.max_rows, self.prefill_chunk,
-                         self.scheme, prefill_rows=PREFILL_ROWS)
+                         self.scheme, prefill_rows=self.prefill_rows)
 
     # -- the Scheduler interface ------------------------------------------------
     def add(self, handle) -> None:

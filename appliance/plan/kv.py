@@ -2,7 +2,8 @@
 
 Schemes (`conf/kv/`): `native` (the compute dtype), `affine` (`mx.quantize`: per group of
 `group_size` elements a scale and a bias in the compute dtype; keys and values may have
-their own bits: `k8v4`), `turboquant` (refused until its layout lands). Only full-attention
+their own bits: `k8v4`), `turboquant` (norm + rotation + Lloyd-Max codes: `engine/kv/
+turboquant.py`). Only full-attention
 layers are quantized: sliding-window and recurrent layers stay native, and so do
 `keep_layers` (by default the first 2 and last 2 attention layers of a dense model, where
 quantization error costs most: vLLM's and aither's boundary layers).
@@ -15,7 +16,9 @@ from typing import Any
 
 from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo
 
-SCHEMES = ("native", "affine")
+SCHEMES = ("native", "affine", "turboquant")
+TURBO_BITS = (2, 3, 3.5, 4)
+ROTATIONS = ("hadamard", "orthogonal")
 AFFINE_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
 GROUP_SIZES = (32, 64, 128)
 BOUNDARY = 2  # attention layers kept native at each end of a dense model
@@ -25,6 +28,7 @@ OPTIONS = {
     "affine8": {"scheme": "affine", "key_bits": 8, "value_bits": 8},
     "k8v4": {"scheme": "affine", "key_bits": 8, "value_bits": 4},
     "affine4": {"scheme": "affine", "key_bits": 4, "value_bits": 4},
+    "turboquant": {"scheme": "turboquant", "key_bits": 4, "value_bits": 4},
 }
 MLA_ARCHITECTURES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe_lite", "minicpm3")
 
@@ -35,7 +39,10 @@ class KVPlan:
     dtype: str  # the compute dtype (native layers; scales and biases of affine layers)
     key_bits: float | None
     value_bits: float | None
-    group_size: int | None
+    group_size: int | None  # affine
+    rotation: str | None  # turboquant: hadamard | orthogonal
+    rotation_seed: int | None  # turboquant
+    head_dim: int | None
     start: int  # a row's KV stays native until it holds this many tokens
     keep_layers: tuple[int, ...]  # full-attention layers held native
     quantized_layers: tuple[int, ...]  # full-attention layers held quantized
@@ -48,22 +55,26 @@ class KVPlan:
     def fingerprint_key(self) -> list:
         """Everything that changes the stored bytes or the tokens."""
         return [self.scheme, self.dtype, self.key_bits, self.value_bits, self.group_size,
-                self.start, list(self.quantized_layers)]
+                self.rotation, self.rotation_seed, self.start, list(self.quantized_layers)]
 
 
 def check_scheme(scheme: str, problems: list[str]) -> None:
-    if scheme == "turboquant":
-        problems.append("kv.scheme='turboquant' is not served yet: its layout and kernels are "
-                        "still being built; valid choices: native, affine (kv=affine8|"
-                        "affine4|k8v4)")
-    elif scheme not in SCHEMES:
+    if scheme not in SCHEMES:
         problems.append(f"kv.scheme={scheme!r} is not supported; valid choices: "
-                        f"{', '.join(SCHEMES)} (kv=native|affine8|affine4|k8v4)")
+                        f"{', '.join(SCHEMES)} (kv=native|affine8|affine4|k8v4|turboquant)")
 
 
 def affine_vector_bytes(dim: int, bits: int, group_size: int, dtype_bytes: int) -> int:
     """One head vector under mx.quantize: packed words plus a scale and a bias per group."""
     return dim * bits // 8 + 2 * (dim // group_size) * dtype_bytes
+
+
+def turbo_vector_bytes(dim: int, bits: float) -> int:
+    """One head vector under TurboQuant: 32 // bits indices per uint32 word, a float16 norm
+    (3.5 bits: half the coordinates at 4 bits, half at 3)."""
+    runs = [(int(bits), dim)] if bits == int(bits) else [(int(bits) + 1, dim // 2),
+                                                        (int(bits), dim - dim // 2)]
+    return sum(4 * -(-n // (32 // b)) for b, n in runs) + 2
 
 
 def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: int,
@@ -89,7 +100,8 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
         native = 2 * width * len(full)
         return None if len(problems) > n_problems else KVPlan(
             scheme="native", dtype=dtype, key_bits=None, value_bits=None, group_size=None,
-            start=0, keep_layers=tuple(full), quantized_layers=(), attention="fused SDPA",
+            rotation=None, rotation_seed=None, head_dim=dim, start=0,
+            keep_layers=tuple(full), quantized_layers=(), attention="fused SDPA",
             bytes_per_token=native, native_bytes_per_token=native,
             sliding_bytes_per_token=2 * width * info.layer_kinds.count("sliding"),
             layers=_layers(info, dtype, 2 * width, None))
@@ -100,17 +112,27 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
         problems.append(f"kv={kv.scheme}: {info.architecture} has no full-attention layers to "
                         "quantize (sliding and recurrent layers stay native); valid choices: "
                         "kv=native")
+    valid_bits = AFFINE_BITS if kv.scheme == "affine" else TURBO_BITS
     for f in ("key_bits", "value_bits"):
         bits = getattr(kv, f)
-        if kv.scheme == "affine" and bits not in AFFINE_BITS:
-            problems.append(f"kv.{f}={bits} is not supported by mx.quantize; valid choices: "
-                            f"{', '.join(map(str, AFFINE_BITS))}")
-    if kv.group_size not in GROUP_SIZES:
-        problems.append(f"kv.group_size={kv.group_size} is not supported; valid choices: "
-                        f"{', '.join(map(str, GROUP_SIZES))}")
-    elif dim and dim % kv.group_size:
-        problems.append(f"kv.group_size={kv.group_size} does not divide head_dim={dim}; valid "
-                        f"choices: {', '.join(str(g) for g in GROUP_SIZES if dim % g == 0)}")
+        if bits not in valid_bits:
+            problems.append(f"kv.{f}={bits} is not supported by kv.scheme={kv.scheme}; valid "
+                            f"choices: {', '.join(map(str, valid_bits))}")
+    if kv.scheme == "affine":
+        if kv.group_size not in GROUP_SIZES:
+            problems.append(f"kv.group_size={kv.group_size} is not supported; valid choices: "
+                            f"{', '.join(map(str, GROUP_SIZES))}")
+        elif dim and dim % kv.group_size:
+            problems.append(f"kv.group_size={kv.group_size} does not divide head_dim={dim}; "
+                            "valid choices: "
+                            f"{', '.join(str(g) for g in GROUP_SIZES if dim % g == 0)}")
+    else:
+        if kv.rotation not in ROTATIONS:
+            problems.append(f"kv.rotation={kv.rotation!r} is not supported; valid choices: "
+                            f"{', '.join(ROTATIONS)}")
+        elif kv.rotation == "hadamard" and dim & (dim - 1):
+            problems.append(f"kv.rotation=hadamard needs a power-of-two head size, but "
+                            f"head_dim={dim}; valid choices: kv.rotation=orthogonal")
     dense = set(info.layer_kinds) == {"full"}
     if kv.keep_layers is None:  # boundary layers of a dense model; hybrids keep none
         keep = tuple(full[:BOUNDARY] + full[-BOUNDARY:]) if dense else ()
@@ -124,13 +146,23 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
     if len(problems) > n_problems:
         return None
     quantized = tuple(i for i in full if i not in keep)
-    kb = affine_vector_bytes(dim, int(kv.key_bits), kv.group_size, dtype_bytes) * heads
-    vb = affine_vector_bytes(dim, int(kv.value_bits), kv.group_size, dtype_bytes) * heads
+    if kv.scheme == "affine":
+        kb = affine_vector_bytes(dim, int(kv.key_bits), kv.group_size, dtype_bytes) * heads
+        vb = affine_vector_bytes(dim, int(kv.value_bits), kv.group_size, dtype_bytes) * heads
+        attention = ("decode: mx.quantized_matmul over the stored codes (every backend); "
+                     "prefill: fused SDPA over fresh float KV")
+    else:
+        kb = turbo_vector_bytes(dim, kv.key_bits) * heads
+        vb = turbo_vector_bytes(dim, kv.value_bits) * heads
+        attention = (f"decode: plain MLX in the rotated space (no fused kernel on {backend}: "
+                     "the reference path runs); prefill: fused SDPA over fresh float KV")
+    turbo = kv.scheme == "turboquant"
     return KVPlan(
         scheme=kv.scheme, dtype=dtype, key_bits=kv.key_bits, value_bits=kv.value_bits,
-        group_size=kv.group_size, start=kv.start, keep_layers=keep, quantized_layers=quantized,
-        attention=("mx.quantized_matmul over the stored codes (decode); fused SDPA over "
-                   f"fresh float KV (prefill); backend {backend}"),
+        group_size=None if turbo else kv.group_size,
+        rotation=kv.rotation if turbo else None,
+        rotation_seed=kv.rotation_seed if turbo else None, head_dim=dim,
+        start=kv.start, keep_layers=keep, quantized_layers=quantized, attention=attention,
         bytes_per_token=(kb + vb) * len(quantized) + 2 * width * len(keep),
         native_bytes_per_token=2 * width * len(full),
         sliding_bytes_per_token=2 * width * info.layer_kinds.count("sliding"),

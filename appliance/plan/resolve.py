@@ -35,9 +35,11 @@ DRAFTS = ("none",)
 BATCH_MODES = ("continuous", "serial")
 # How each layer kind's rows are held when batched (mlx-lm's batch cache classes).
 PLACEMENT = {
-    "full": "BatchKVCache: rows left-padded to a shared length, decoded together",
-    "sliding": "BatchRotatingKVCache: each row keeps its last sliding_window tokens",
-    "recurrent": "ArraysCache: constant-size state per row, merged along the batch",
+    "full": "engine/kv layout: rows left-padded to one write cursor, each row's length apart "
+            "(native, or encoded per kv.quantized_layers); per-row rollback",
+    "sliding": "engine/kv SlidingLayout (mlx-lm's rotation): each row keeps its last "
+               "sliding_window tokens, native",
+    "recurrent": "engine/kv RecurrentLayout: constant-size state per row, native",
 }
 CACHES = ("none", "ram", "ssd", "tiered")
 BACKENDS = ("auto", "metal", "cuda", "cpu")
@@ -138,6 +140,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     b = cfg.batch
     if b.prefill_chunk < 1:
         problems.append(f"batch.prefill_chunk={b.prefill_chunk} must be >= 1")
+    if not 1 <= b.prefill_rows <= max(1, b.max_rows):
+        problems.append(f"batch.prefill_rows={b.prefill_rows} must be in 1..batch.max_rows "
+                        f"({b.max_rows})")
     if b.max_rows < 1:
         problems.append(f"batch.max_rows={b.max_rows} must be >= 1")
     if b.mode == "serial" and b.max_rows != 1:
@@ -271,6 +276,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                 "row is admitted; then its cache joins the batch" if b.mode == "continuous"
                 else "unbatched, always")
     batch = BatchPlan(mode=b.mode, max_rows=b.max_rows, prefill_chunk=b.prefill_chunk,
+                      prefill_rows=b.prefill_rows,
                       kv_budget_bytes=kv_budget or mem.kv_budget_bytes, max_queue=b.max_queue,
                       placement=placement, lone_row=lone_row)
     return ExecutionPlan(

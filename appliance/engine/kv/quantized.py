@@ -1,0 +1,260 @@
+"""Quantized KV, whatever the codec: one row's cache and the batched layout.
+
+A codec (`affine.py`, `turboquant.py`) turns float K or V, (rows, heads, tokens, dim),
+into a tuple of arrays with the token axis second to last, and back; and attends over
+its own codes. Everything here only stores, moves and slices those tuples, so each row's
+logical length (`offset`) and the shared write cursor (`_idx`) are handled once for all.
+
+Prefill attends over float KV (the fresh chunk as computed, the history decoded) with
+fused SDPA, then stores the chunk encoded. Decode attends over the stored codes with the
+codec's attention; `reference=True` decodes them and runs SDPA instead, the plain-MLX path
+the fast one is checked against. mlx-lm's attention sends any cache with a `bits`
+attribute to `base.quantized_scaled_dot_product_attention`; `install()` wraps that one
+function so it also takes float KV and `Codes`. Other caches go through as before.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import mlx_lm.models.base as base
+from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache, dynamic_roll
+
+from appliance.engine.kv.native import roll_row_back
+
+CODECS: dict = {}  # codec name -> class (filled by the codec modules)
+
+
+class Codes(tuple):
+    """A codec's arrays for K or V (token axis second to last), and the codec."""
+
+    def __new__(cls, parts, codec):
+        obj = super().__new__(cls, parts)
+        obj.codec = codec
+        return obj
+
+
+_original = base.quantized_scaled_dot_product_attention
+
+
+def _dispatch(queries, q_keys, q_values, scale, mask, group_size=64, bits=8):
+    if isinstance(q_keys, mx.array):  # float KV: a prefill chunk, or the reference path
+        return mx.fast.scaled_dot_product_attention(queries, q_keys, q_values, scale=scale,
+                                                    mask=mask)
+    if isinstance(q_keys, Codes):
+        return q_keys.codec.attend(queries, q_keys, q_values, scale, mask)
+    return _original(queries, q_keys, q_values, scale=scale, mask=mask,
+                     group_size=group_size, bits=bits)
+
+
+def install() -> None:
+    base.quantized_scaled_dot_product_attention = _dispatch
+
+
+def codec_from_json(text: str):
+    d = json.loads(text)
+    return CODECS[d.pop("codec")](**d)
+
+
+def _slice(t: tuple | None, a: int, b: int) -> tuple | None:
+    return None if t is None else tuple(x[..., a:b, :] for x in t)
+
+
+class _Stored:
+    """What the row cache and the layout share: growing buffers and what attention gets."""
+
+    codec: object
+    reference: bool
+
+    # mlx-lm sends a cache with `bits` to quantized attention, passing these two along
+    # (the dispatcher reads the codec from the Codes instead)
+    bits = group_size = None
+
+    def _write(self, keys, values, at: int, end: int) -> None:
+        n = keys.shape[2]
+        if self.keys is None or end > self.keys[0].shape[-2]:
+            steps = (256 + n - 1) // 256 * 256
+            new_k = self.codec.empty(keys.shape[:2], steps, keys.shape[-1], keys.dtype, "k")
+            new_v = self.codec.empty(values.shape[:2], steps, values.shape[-1], keys.dtype, "v")
+            if self.keys is None:
+                self.keys, self.values = new_k, new_v
+            else:
+                self.keys = tuple(mx.concatenate([a[..., :at, :], b], axis=2)
+                                  for a, b in zip(self.keys, new_k, strict=True))
+                self.values = tuple(mx.concatenate([a[..., :at, :], b], axis=2)
+                                    for a, b in zip(self.values, new_v, strict=True))
+        for buf, x, which in ((self.keys, keys, "k"), (self.values, values, "v")):
+            for b, part in zip(buf, self.codec.encode(x, which), strict=True):
+                b[..., at:end, :] = part
+
+    def _fetch(self, end: int, fresh_k, fresh_v):
+        """Codes for a decode step; float KV (history decoded + the fresh chunk as computed)
+        for a prefill chunk, and for every step on the reference path."""
+        n = fresh_k.shape[2]
+        keys, values = _slice(self.keys, 0, end), _slice(self.values, 0, end)
+        if n == 1 and not self.reference:
+            return Codes(keys, self.codec), Codes(values, self.codec)
+        dt = fresh_k.dtype
+        if n == 1:
+            return self.codec.decode(keys, "k", dt), self.codec.decode(values, "v", dt)
+        if end == n:
+            return fresh_k, fresh_v
+        return (mx.concatenate([self.codec.decode(_slice(keys, 0, end - n), "k", dt), fresh_k],
+                               axis=2),
+                mx.concatenate([self.codec.decode(_slice(values, 0, end - n), "v", dt),
+                                fresh_v], axis=2))
+
+
+class QuantRowCache(_Stored, QuantizedKVCache):
+    """One row's encoded KV (a lone row, a prefix-cache entry, an SSD blob)."""
+
+    def __init__(self, codec, reference: bool = False):
+        self.keys = self.values = None
+        self.offset = 0
+        self.codec, self.reference = codec, reference
+
+    @classmethod
+    def from_native(cls, c: KVCache, codec, reference: bool = False) -> QuantRowCache:
+        """A native row's KV encoded (as mlx-lm's `to_quantized`, for any codec)."""
+        q = cls(codec, reference)
+        q.offset = c.offset
+        if c.keys is not None:
+            q.keys, q.values = codec.encode(c.keys, "k"), codec.encode(c.values, "v")
+        return q
+
+    def update_and_fetch(self, keys, values):
+        prev = self.offset
+        self.offset += keys.shape[2]
+        self._write(keys, values, prev, self.offset)
+        return self._fetch(self.offset, keys, values)
+
+    @property
+    def state(self):
+        """Its tokens only (not the buffer's spare slots), the offset and the codec."""
+        return (_slice(self.keys, 0, self.offset), _slice(self.values, 0, self.offset),
+                self.offset, self.codec.to_json())
+
+    @state.setter
+    def state(self, v):
+        keys, values, self.offset, codec = v
+        self.keys = None if keys is None else tuple(keys)  # a loaded blob gives lists
+        self.values = None if values is None else tuple(values)
+        self.codec, self.reference = codec_from_json(codec), False
+
+    def trim(self, n):
+        raise NotImplementedError("roll a row back through its layout")
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else sum(x.nbytes for x in (*self.keys, *self.values))
+
+
+class QuantLayout(_Stored, BatchKVCache):
+    """Many rows' encoded KV, left-padded to one write cursor (`_idx`); `offset` per row."""
+
+    def __init__(self, left_padding: list[int], codec, reference: bool = False):
+        super().__init__(left_padding)
+        self.codec, self.reference = codec, reference
+
+    def update_and_fetch(self, keys, values):
+        prev = self._idx
+        self._idx += keys.shape[2]
+        self.offset = self.offset + keys.shape[2]
+        self._write(keys, values, prev, self._idx)
+        return self._fetch(self._idx, keys, values)
+
+    def finalize(self):
+        if self._right_padding is not None:
+            pad = self._right_padding[:, None]
+            self.keys = tuple(dynamic_roll(x, pad, axis=2) for x in self.keys)
+            self.values = tuple(dynamic_roll(x, pad, axis=2) for x in self.values)
+            self.offset = self.offset - self._right_padding
+            self.left_padding += self._right_padding
+            self._right_padding = None
+
+    @property
+    def state(self):
+        return self.keys, self.values, self.offset, self.left_padding, self._idx
+
+    def filter(self, keep):
+        idx = mx.array(keep)
+        if self.keys is not None:
+            self.keys = tuple(x[idx] for x in self.keys)
+            self.values = tuple(x[idx] for x in self.values)
+        self.offset, self.left_padding = self.offset[idx], self.left_padding[idx]
+        shift = min(self.left_padding.tolist())
+        if shift > 0:  # padding every row shares
+            self.keys = _slice(self.keys, shift, None)
+            self.values = _slice(self.values, shift, None)
+            self._idx -= shift
+            self.left_padding -= shift
+
+    def extend(self, other: QuantLayout) -> None:
+        """Right-align both to the later cursor, then stack the rows."""
+        idx = max(self._idx, other._idx)
+        filled = next((c for c in (self, other) if c.keys is not None), None)
+        if filled is not None:
+            parts = [c._aligned(idx, filled) for c in (self, other)]
+            self.keys = tuple(mx.concatenate(x) for x in zip(*(p[0] for p in parts),
+                                                             strict=True))
+            self.values = tuple(mx.concatenate(x) for x in zip(*(p[1] for p in parts),
+                                                               strict=True))
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self.left_padding = mx.concatenate([self.left_padding + (idx - self._idx),
+                                            other.left_padding + (idx - other._idx)])
+        self._idx = idx
+
+    def _aligned(self, idx: int, like: QuantLayout):
+        rows = self.offset.shape[0]
+        if self.keys is None:
+            def zeros(t):
+                return tuple(mx.zeros((rows, x.shape[1], idx, x.shape[3]), x.dtype) for x in t)
+            return zeros(like.keys), zeros(like.values)
+        pad = [(0, 0), (0, 0), (idx - self._idx, 0), (0, 0)]
+        return (tuple(mx.pad(x[..., :self._idx, :], pad) for x in self.keys),
+                tuple(mx.pad(x[..., :self._idx, :], pad) for x in self.values))
+
+    def extract(self, i: int) -> QuantRowCache:
+        pad = self.left_padding.tolist()[i]
+        c = QuantRowCache(self.codec, self.reference)
+        if self.keys is not None:
+            c.keys = tuple(mx.contiguous(x[i:i + 1, :, pad:self._idx]) for x in self.keys)
+            c.values = tuple(mx.contiguous(x[i:i + 1, :, pad:self._idx]) for x in self.values)
+            c.offset = self._idx - pad
+        return c
+
+    def rollback(self, i: int, n: int) -> None:
+        roll_row_back(self, i, n)
+
+    @classmethod
+    def merge(cls, rows: list, codec, reference: bool = False) -> QuantLayout:
+        """Rows left-padded to the longest. Native rows are encoded here; encoded rows are
+        taken as they are, never encoded twice."""
+        rows = [r if isinstance(r, QuantRowCache) else QuantRowCache.from_native(r, codec)
+                for r in rows]
+        lengths = [r.offset if r.keys is not None else 0 for r in rows]
+        longest = max(lengths)
+        out = cls([longest - n for n in lengths], codec, reference)
+        if longest == 0:
+            return out
+        like = next(r for r in rows if r.keys is not None)
+
+        def stack(pick):
+            parts = []
+            for r, n in zip(rows, lengths, strict=True):
+                pad = [(0, 0), (0, 0), (longest - n, 0), (0, 0)]
+                parts.append(tuple(
+                    mx.pad(y[..., :n, :], pad) if r.keys is not None
+                    else mx.zeros((1, y.shape[1], longest, y.shape[3]), y.dtype)
+                    for y in pick(r if r.keys is not None else like)))
+            return tuple(mx.concatenate(x) for x in zip(*parts, strict=True))
+
+        out.keys, out.values = stack(lambda r: r.keys), stack(lambda r: r.values)
+        out.offset = out.offset + longest
+        out._idx = longest
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else sum(x.nbytes for x in (*self.keys, *self.values))

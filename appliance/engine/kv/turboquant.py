@@ -1,0 +1,172 @@
+"""kv=turboquant: norm + random rotation + Lloyd-Max codes per coordinate (TurboQuant-MSE).
+
+Each head vector x is stored as its norm (float16) and, for u = x / |x| rotated by a fixed
+random orthogonal R, the index of the nearest Lloyd-Max centroid of every coordinate
+(coordinates of a rotated unit vector are close to N(0, 1/d)). Indices are packed into
+uint32 words. Rotations: `hadamard`, two rounds of a randomized Hadamard transform (one
+round does not spread spiky inputs; tech-brief 1.1), or `orthogonal`, a dense QR-random
+matrix. Bits per coordinate, for keys and values each: 2, 3, 4, or 3.5 (half the rotated
+coordinates at 4 bits, half at 3).
+
+Attention runs in the rotated space: q is rotated once (float32), scores are
+n_t <Rq, c[idx_t]>, the values are weighted in rotated space, and one inverse rotation
+maps the output back. No fused kernel exists here for any backend yet, so this is plain
+MLX (gathers): the plan says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mlx.core as mx
+
+from appliance.engine.kv.quantized import CODECS
+
+# Lloyd-Max quantizer of N(0, 1): positive centroids (Max 1960; tech-brief 1.2). For unit
+# vectors in dimension d the centroids scale by 1/sqrt(d).
+CENTROIDS = {
+    2: (0.4528, 1.5104),
+    3: (0.2451, 0.7560, 1.3439, 2.1519),
+    4: (0.1284, 0.3880, 0.6568, 0.9423, 1.2562, 1.6180, 2.0690, 2.7326),
+}
+HADAMARD_SIZES = (1, 12, 20, 28)  # n = m * 2^k that mx.hadamard_transform supports
+
+
+def hadamard_ok(d: int) -> bool:
+    """Whether mx.hadamard_transform supports size d (others crash the process)."""
+    while d % 2 == 0 and d > 1:
+        d //= 2
+    return d in HADAMARD_SIZES
+
+
+class TurboCodec:
+    name = "turboquant"
+
+    def __init__(self, dim: int, key_bits: float = 4, value_bits: float = 4,
+                 rotation: str = "hadamard", seed: int = 0):
+        if rotation == "hadamard" and not hadamard_ok(dim):
+            raise ValueError(f"no Hadamard transform of size {dim}")
+        self.dim, self.key_bits, self.value_bits = dim, key_bits, value_bits
+        self.rotation, self.seed = rotation, seed
+        key = mx.random.key(seed)
+        if rotation == "hadamard":
+            k1, k2 = mx.random.split(key)
+            self.signs = [mx.where(mx.random.bernoulli(key=k, shape=(dim,)), 1.0, -1.0)
+                          for k in (k1, k2)]
+        else:
+            g = mx.random.normal((dim, dim), key=key, dtype=mx.float32)
+            q, r = mx.linalg.qr(g, stream=mx.cpu)
+            self.matrix = q * mx.sign(mx.diagonal(r))[None]  # Haar-distributed
+        self.books = {b: self._book(b) for w in "kv" for b, _, _ in self._segments(w)}
+
+    def _book(self, bits: int):
+        h = mx.array(CENTROIDS[bits], dtype=mx.float32) / math.sqrt(self.dim)
+        c = mx.concatenate([-h[::-1], h])
+        return c, (c[1:] + c[:-1]) / 2  # centroids, decision thresholds
+
+    def _bits(self, which: str) -> float:
+        return self.key_bits if which == "k" else self.value_bits
+
+    def _segments(self, which: str) -> list[tuple[int, int, int]]:
+        """(bits, first coordinate, coordinates) runs of a rotated vector. 3.5 bits: half
+        the coordinates at 4 bits, half at 3; they are exchangeable after the rotation,
+        so which half gets the extra bit needs no calibration."""
+        bits, d = self._bits(which), self.dim
+        if bits == int(bits):
+            return [(int(bits), 0, d)]
+        lo, half = int(bits), d // 2
+        return [(lo + 1, 0, half), (lo, half, d - half)]
+
+    def to_json(self) -> str:
+        return json.dumps({"codec": self.name, "dim": self.dim, "key_bits": self.key_bits,
+                           "value_bits": self.value_bits, "rotation": self.rotation,
+                           "seed": self.seed})
+
+    # -- rotation (float32) ------------------------------------------------------------
+    def rotate(self, x: mx.array) -> mx.array:
+        if self.rotation == "hadamard":
+            for s in self.signs:
+                x = mx.hadamard_transform(x * s, scale=1 / math.sqrt(self.dim))
+            return x
+        return x @ self.matrix.T
+
+    def unrotate(self, y: mx.array) -> mx.array:
+        if self.rotation == "hadamard":
+            for s in reversed(self.signs):
+                y = mx.hadamard_transform(y, scale=1 / math.sqrt(self.dim)) * s
+            return y
+        return y @ self.matrix
+
+    # -- codes -----------------------------------------------------------------------
+    @staticmethod
+    def _words(bits: int, n: int) -> int:
+        return -(-n // (32 // bits))  # 32 // bits indices per uint32 word
+
+    def words(self, which: str) -> int:
+        return sum(self._words(b, n) for b, _, n in self._segments(which))
+
+    def encode(self, x: mx.array, which: str) -> tuple:
+        x = x.astype(mx.float32)
+        n = mx.linalg.norm(x, axis=-1, keepdims=True)
+        y = self.rotate(x / mx.maximum(n, 1e-12))
+        packed = []
+        for bits, at, count in self._segments(which):
+            _, thresholds = self.books[bits]
+            idx = (y[..., at:at + count, None] > thresholds).sum(axis=-1).astype(mx.uint32)
+            per, words = 32 // bits, self._words(bits, count)
+            if pad := words * per - count:
+                idx = mx.pad(idx, [(0, 0)] * (idx.ndim - 1) + [(0, pad)])
+            idx = idx.reshape(*idx.shape[:-1], words, per)
+            shifts = mx.arange(per, dtype=mx.uint32) * bits
+            packed.append((idx << shifts).sum(axis=-1).astype(mx.uint32))
+        return mx.concatenate(packed, axis=-1), n.astype(mx.float16)
+
+    def _centroids(self, codes: tuple, which: str) -> mx.array:
+        """n * c[idx]: the vectors in rotated space, float32."""
+        packed, n = codes
+        parts, word = [], 0
+        for bits, _, count in self._segments(which):
+            per, words = 32 // bits, self._words(bits, count)
+            shifts = mx.arange(per, dtype=mx.uint32) * bits
+            idx = (packed[..., word:word + words, None] >> shifts) & ((1 << bits) - 1)
+            idx = idx.reshape(*packed.shape[:-1], -1)[..., :count]
+            parts.append(self.books[bits][0][idx])
+            word += words
+        return (parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)) \
+            * n.astype(mx.float32)
+
+    def decode(self, codes: tuple, which: str, dtype) -> mx.array:
+        return self.unrotate(self._centroids(codes, which)).astype(dtype)
+
+    def empty(self, lead: tuple, steps: int, dim: int, dtype, which: str) -> tuple:
+        return (mx.zeros((*lead, steps, self.words(which)), mx.uint32),
+                mx.zeros((*lead, steps, 1), mx.float16))
+
+    def attend(self, queries, keys, values, scale: float, mask) -> mx.array:
+        """Attention in the rotated space: rotate q once, weight the values there, rotate
+        the output back once (all float32)."""
+        B, n_q_heads, L, D = queries.shape
+        n_kv_heads = keys[0].shape[-3]
+        r = n_q_heads // n_kv_heads
+        q = self.rotate(queries.astype(mx.float32)) * scale
+        q = q.reshape(B, n_kv_heads, r, L, D)
+        k = mx.expand_dims(self._centroids(keys, "k"), 2)  # (B, Hkv, 1, T, D)
+        v = mx.expand_dims(self._centroids(values, "v"), 2)
+        scores = q @ k.swapaxes(-1, -2)
+        if mask is not None:
+            if isinstance(mask, str):
+                qL, kL = scores.shape[-2:]
+                mask = mx.arange(kL - qL, kL)[:, None] >= mx.arange(kL)[None]
+            if mask.ndim > 3:
+                mask = mx.expand_dims(mask, -3)
+            if mask.dtype == mx.bool_:
+                scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
+            else:
+                scores += mask
+        p = mx.softmax(scores, axis=-1, precise=True)
+        out = self.unrotate(p @ v).reshape(B, n_q_heads, L, D)
+        return out.astype(queries.dtype)
+
+
+CODECS[TurboCodec.name] = TurboCodec
