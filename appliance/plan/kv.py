@@ -70,11 +70,14 @@ def affine_vector_bytes(dim: int, bits: int, group_size: int, dtype_bytes: int) 
 
 
 def turbo_vector_bytes(dim: int, bits: float) -> int:
-    """One head vector under TurboQuant: 32 // bits indices per uint32 word, a float16 norm
-    (3.5 bits: half the coordinates at 4 bits, half at 3)."""
+    """One head vector under TurboQuant: indices packed densely into uint32 words (whole
+    words per run), a float16 norm (3.5 bits: half the coordinates at 4 bits, half at 3)."""
+    from math import gcd
+
     runs = [(int(bits), dim)] if bits == int(bits) else [(int(bits) + 1, dim // 2),
                                                         (int(bits), dim - dim // 2)]
-    return sum(4 * -(-n // (32 // b)) for b, n in runs) + 2
+    block = lambda b: 32 // gcd(32, b)  # noqa: E731 (indices per whole number of words)
+    return sum(4 * (-(-n // block(b)) * block(b) * b // 32) for b, n in runs) + 2
 
 
 def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: int,
@@ -154,8 +157,11 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
     else:
         kb = turbo_vector_bytes(dim, kv.key_bits) * heads
         vb = turbo_vector_bytes(dim, kv.value_bits) * heads
-        attention = (f"decode: plain MLX in the rotated space (no fused kernel on {backend}: "
-                     "the reference path runs); prefill: fused SDPA over fresh float KV")
+        fused = backend == "cuda" and kv.key_bits == int(kv.key_bits) \
+            and kv.value_bits == int(kv.value_bits)
+        attention = ("decode: fused CUDA kernels over the packed codes, in the rotated space"
+                     if fused else "decode: plain MLX in the rotated space (no fused kernel "
+                     f"for this on {backend})") + "; prefill: fused SDPA over fresh float KV"
     turbo = kv.scheme == "turboquant"
     return KVPlan(
         scheme=kv.scheme, dtype=dtype, key_bits=kv.key_bits, value_bits=kv.value_bits,

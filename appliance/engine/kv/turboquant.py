@@ -10,17 +10,19 @@ coordinates at 4 bits, half at 3).
 
 Attention runs in the rotated space: q is rotated once (float32), scores are
 n_t <Rq, c[idx_t]>, the values are weighted in rotated space, and one inverse rotation
-maps the output back. No fused kernel exists here for any backend yet, so this is plain
-MLX (gathers): the plan says so.
+maps the output back. On MLX's CUDA backend a decode step runs two fused kernels over the
+packed codes (turboquant_cuda.py); elsewhere it is plain MLX (gathers). The plan says which.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
 import mlx.core as mx
 
+from appliance.engine.kv import turboquant_cuda
 from appliance.engine.kv.quantized import CODECS
 
 # Lloyd-Max quantizer of N(0, 1): positive centroids (Max 1960; tech-brief 1.2). For unit
@@ -59,6 +61,9 @@ class TurboCodec:
             q, r = mx.linalg.qr(g, stream=mx.cpu)
             self.matrix = q * mx.sign(mx.diagonal(r))[None]  # Haar-distributed
         self.books = {b: self._book(b) for w in "kv" for b, _, _ in self._segments(w)}
+        # the fused decode kernels: MLX's CUDA backend, whole bits (tests/test_kv_cuda.py)
+        self.fused = (turboquant_cuda.available() and key_bits == int(key_bits)
+                      and value_bits == int(value_bits))
 
     def _book(self, bits: int):
         h = mx.array(CENTROIDS[bits], dtype=mx.float32) / math.sqrt(self.dim)
@@ -99,12 +104,50 @@ class TurboCodec:
         return y @ self.matrix
 
     # -- codes -----------------------------------------------------------------------
+    # Indices are packed densely: coordinate j of a run takes bits [j*b, j*b + b) of the
+    # run's words, crossing word boundaries where it must (3 bits: 32 indices in 3 words).
     @staticmethod
-    def _words(bits: int, n: int) -> int:
-        return -(-n // (32 // bits))  # 32 // bits indices per uint32 word
+    def _block(bits: int) -> int:
+        """Indices per whole number of words: 8 at 4 bits, 16 at 2, 32 at 3."""
+        return 32 // math.gcd(32, bits)
+
+    @classmethod
+    def _words(cls, bits: int, n: int) -> int:
+        block = cls._block(bits)
+        return -(-n // block) * block * bits // 32
 
     def words(self, which: str) -> int:
         return sum(self._words(b, n) for b, _, n in self._segments(which))
+
+    @functools.cache  # noqa: B019 (a handful of (bits, n) pairs per codec)
+    def _layout(self, bits: int, n: int):
+        """Per coordinate: its first word, the shift there, and the spill into the next."""
+        pos = mx.arange(n, dtype=mx.uint32) * bits
+        word, shift = pos // 32, pos % 32
+        spill = (shift + bits) > 32
+        return word, shift, spill, mx.where(spill, 32 - shift, 0).astype(mx.uint32)
+
+    def _pack(self, idx: mx.array, bits: int) -> mx.array:
+        n = idx.shape[-1]
+        words = self._words(bits, n)
+        word, shift, spill, back = self._layout(bits, n)
+        onehot = mx.arange(words, dtype=mx.uint32)[:, None] == word[None]  # (words, n)
+        spills = (mx.arange(words, dtype=mx.uint32)[:, None] == word[None] + 1) & spill[None]
+        x = idx[..., None, :]  # disjoint bits: a sum is an OR
+        lo = mx.where(onehot, x << shift, 0)
+        hi = mx.where(spills, x >> mx.maximum(back, 1), 0)
+        return (lo + hi).sum(axis=-1).astype(mx.uint32)
+
+    def _unpack(self, packed: mx.array, bits: int, n: int) -> mx.array:
+        if 32 % bits == 0:  # no index crosses a word: shift every word at once
+            shifts = mx.arange(32 // bits, dtype=mx.uint32) * bits
+            idx = (packed[..., None] >> shifts) & ((1 << bits) - 1)
+            return idx.reshape(*packed.shape[:-1], -1)[..., :n]
+        word, shift, spill, back = self._layout(bits, n)
+        lo = packed[..., word] >> shift
+        nxt = mx.minimum(word + 1, packed.shape[-1] - 1)
+        hi = mx.where(spill, packed[..., nxt] << back, 0)
+        return (lo | hi) & ((1 << bits) - 1)
 
     def encode(self, x: mx.array, which: str) -> tuple:
         x = x.astype(mx.float32)
@@ -114,12 +157,7 @@ class TurboCodec:
         for bits, at, count in self._segments(which):
             _, thresholds = self.books[bits]
             idx = (y[..., at:at + count, None] > thresholds).sum(axis=-1).astype(mx.uint32)
-            per, words = 32 // bits, self._words(bits, count)
-            if pad := words * per - count:
-                idx = mx.pad(idx, [(0, 0)] * (idx.ndim - 1) + [(0, pad)])
-            idx = idx.reshape(*idx.shape[:-1], words, per)
-            shifts = mx.arange(per, dtype=mx.uint32) * bits
-            packed.append((idx << shifts).sum(axis=-1).astype(mx.uint32))
+            packed.append(self._pack(idx, bits))
         return mx.concatenate(packed, axis=-1), n.astype(mx.float16)
 
     def _centroids(self, codes: tuple, which: str) -> mx.array:
@@ -127,10 +165,8 @@ class TurboCodec:
         packed, n = codes
         parts, word = [], 0
         for bits, _, count in self._segments(which):
-            per, words = 32 // bits, self._words(bits, count)
-            shifts = mx.arange(per, dtype=mx.uint32) * bits
-            idx = (packed[..., word:word + words, None] >> shifts) & ((1 << bits) - 1)
-            idx = idx.reshape(*packed.shape[:-1], -1)[..., :count]
+            words = self._words(bits, count)
+            idx = self._unpack(packed[..., word:word + words], bits, count)
             parts.append(self.books[bits][0][idx])
             word += words
         return (parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)) \
@@ -150,6 +186,10 @@ class TurboCodec:
         n_kv_heads = keys[0].shape[-3]
         r = n_q_heads // n_kv_heads
         q = self.rotate(queries.astype(mx.float32)) * scale
+        if L == 1 and self.fused:
+            out = turboquant_cuda.attend(self, q.reshape(B, n_kv_heads, r, D), keys, values,
+                                         None if isinstance(mask, str) else mask)
+            return self.unrotate(out).reshape(B, n_q_heads, 1, D).astype(queries.dtype)
         q = q.reshape(B, n_kv_heads, r, L, D)
         k = mx.expand_dims(self._centroids(keys, "k"), 2)  # (B, Hkv, 1, T, D)
         v = mx.expand_dims(self._centroids(values, "v"), 2)

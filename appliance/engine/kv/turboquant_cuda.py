@@ -1,0 +1,105 @@
+"""TurboQuant decode attention as two CUDA kernels (`mx.fast.cuda_kernel`), for MLX's CUDA
+backend: scores straight from the packed key codes, then the values weighted in rotated
+space straight from the packed value codes, so no float K or V is materialized.
+
+Used for one query token per row (decode) with whole bits (2, 3, 4); everything else takes
+the plain-MLX path in turboquant.py. tests/test_kv_cuda.py checks the two against each
+other on a CUDA device (it is skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+
+CHUNK = 256  # tokens per partial sum in the value kernel (more blocks for long rows)
+
+_SCORES = """
+    size_t gid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int T = kp_shape[2];
+    size_t BH = (size_t)kp_shape[0] * kp_shape[1];
+    if (gid >= BH * T) return;
+    size_t bh = gid / T;
+    int t = gid % T;
+    const uint32_t* words = kp + (bh * T + t) * WK;
+    const float* qb = q + bh * R * D;
+    float acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int j = 0; j < D; ++j) {
+        int pos = j * BITS, w = pos >> 5, s = pos & 31;
+        uint32_t v = words[w] >> s;
+        if (s + BITS > 32) v |= words[w + 1] << (32 - s);
+        float c = book[v & ((1u << BITS) - 1u)];
+        for (int r = 0; r < R; ++r) acc[r] += qb[r * D + j] * c;
+    }
+    float n = (float)kn[bh * T + t];
+    for (int r = 0; r < R; ++r) scores[(bh * R + r) * T + t] = acc[r] * n;
+"""
+
+_VALUES = """
+    size_t gid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int T = vp_shape[2];
+    size_t BH = (size_t)vp_shape[0] * vp_shape[1];
+    int C = (T + CHUNK - 1) / CHUNK;
+    if (gid >= BH * C * D) return;
+    int j = gid % D;
+    size_t rest = gid / D;
+    int c = rest % C;
+    size_t bh = rest / C;
+    int w = (j * BITS) >> 5, shift = (j * BITS) & 31;
+    bool spill = shift + BITS > 32;
+    float acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    int t1 = min(T, (c + 1) * CHUNK);
+    for (int t = c * CHUNK; t < t1; ++t) {
+        const uint32_t* words = vp + (bh * T + t) * WV;
+        uint32_t code = words[w] >> shift;
+        if (spill) code |= words[w + 1] << (32 - shift);
+        float v = book[code & ((1u << BITS) - 1u)] * (float)vn[bh * T + t];
+        for (int r = 0; r < R; ++r) acc[r] += p[(bh * R + r) * T + t] * v;
+    }
+    for (int r = 0; r < R; ++r) part[((bh * C + c) * R + r) * D + j] = acc[r];
+"""
+
+
+def available() -> bool:
+    return mx.default_device() == mx.gpu and hasattr(mx, "cuda") and mx.cuda.is_available()
+
+
+@functools.cache
+def _kernels():
+    scores = mx.fast.cuda_kernel(name="tq_scores", input_names=["q", "kp", "kn", "book"],
+                                 output_names=["scores"], source=_SCORES)
+    values = mx.fast.cuda_kernel(name="tq_values", input_names=["p", "vp", "vn", "book"],
+                                 output_names=["part"], source=_VALUES)
+    return scores, values
+
+
+def attend(codec, q_rot: mx.array, keys, values, mask) -> mx.array:
+    """Rotated-space attention for one query per row. `q_rot`: (B, Hkv, R, D) float32,
+    rotated and scaled. Returns the output in rotated space, (B, Hkv, R, D) float32."""
+    scores_k, values_k = _kernels()
+    B, H, R, D = q_rot.shape
+    kp, kn = keys
+    vp, vn = values
+    T = kp.shape[2]
+    kb, vb = int(codec.key_bits), int(codec.value_bits)
+    (scores,) = scores_k(
+        inputs=[q_rot, kp, kn, codec.books[kb][0]],
+        template=[("D", D), ("R", R), ("WK", kp.shape[-1]), ("BITS", kb)],
+        grid=(B * H * T, 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(B, H, R, T)], output_dtypes=[mx.float32])
+    if mask is not None:
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.finfo(mx.float32).min)
+        else:
+            scores = scores + mask
+    p = mx.softmax(scores, axis=-1, precise=True)
+    chunks = -(-T // CHUNK)
+    (part,) = values_k(
+        inputs=[p, vp, vn, codec.books[vb][0]],
+        template=[("D", D), ("R", R), ("WV", vp.shape[-1]), ("BITS", vb), ("CHUNK", CHUNK)],
+        grid=(B * H * chunks * D, 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(B, H, chunks, R, D)], output_dtypes=[mx.float32])
+    return part.sum(axis=2)
