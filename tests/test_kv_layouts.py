@@ -141,3 +141,48 @@ def test_bytes_are_what_the_layout_holds(scheme):
     arrays = [layout.keys, layout.values]
     flat = [x for a in arrays for x in (a if isinstance(a, tuple) else (a,))]
     assert layout.nbytes == sum(x.nbytes for x in flat) > 0
+
+
+def test_a_sliding_row_rolls_back_until_its_window_wraps():
+    from mlx_lm.models.cache import RotatingKVCache
+
+    def row(n, seed):
+        c = RotatingKVCache(max_size=16)
+        c.update_and_fetch(*_tokens(n, seed))
+        return c
+
+    (layout,) = Scheme().merge([[row(5, 1)], [row(9, 2)]])
+    layout.rollback(1, 3)
+    got = layout.extract(1)
+    want = _tokens(9, 2)
+    assert mx.array_equal(got.keys[..., :got.offset, :], want[0][..., :6, :]).item()
+    assert mx.array_equal(layout.extract(0).keys[..., :5, :], _tokens(5, 1)[0]).item()
+    for s in range(12):  # 9 + 12 > 16: the ring wraps
+        _append(layout, Scheme(), 2, 100 + s)
+    with pytest.raises(NotImplementedError):
+        layout.rollback(0, 1)
+
+
+def test_a_recurrent_row_rolls_back_to_its_checkpoint_alone():
+    from mlx_lm.models.cache import ArraysCache
+
+    def row(seed):
+        c = ArraysCache(2)
+        c[0] = mx.random.normal((1, 3, 4), key=mx.random.key(seed))
+        c[1] = mx.random.normal((1, 5), key=mx.random.key(seed + 1))
+        return c
+
+    (layout,) = Scheme().merge([[row(1)], [row(2)], [row(3)]])
+    before = [mx.array(x) for x in layout.cache]
+    layout.checkpoint()
+    layout[0] = layout[0] + 1.0  # a forward pass folds new tokens into every row
+    layout[1] = layout[1] * 2.0
+    after = [mx.array(x) for x in layout.cache]
+    layout.rollback(1, 2)
+    for k in range(2):
+        assert mx.array_equal(layout.cache[k][1], before[k][1]).item()  # row 1: restored
+        for i in (0, 2):
+            assert mx.array_equal(layout.cache[k][i], after[k][i]).item()  # others: not
+    layout.filter([0, 2])
+    with pytest.raises(ValueError):
+        layout.rollback(0, 1)

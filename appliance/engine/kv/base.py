@@ -15,8 +15,9 @@ Contract of a layout (every scheme's layouts pass one parametrized test suite):
   row never moves another row's KV or the position where new tokens are written;
 - `extend(other)` admits rows, `filter(keep)` keeps rows (in that order),
   `extract(i)` returns row i as a row cache holding exactly its tokens,
-  `rollback(i, n)` drops row i's last n tokens (or raises NotImplementedError where the
-  layer kind cannot, e.g. a wrapped sliding window), `nbytes` counts what it holds;
+  `rollback(i, n)` drops row i's last n tokens (a sliding window only until it first
+  wraps, else NotImplementedError; a recurrent layer returns row i to its last
+  `checkpoint()`, and the caller feeds again what it keeps), `nbytes` counts what it holds;
 - `prepare(lengths=, right_padding=)` / `finalize()` bracket a right-padded prefill chunk.
 """
 

@@ -50,13 +50,40 @@ class SlidingLayout(BatchRotatingKVCache):
     """Sliding window: each row keeps its last `max_size` tokens (mlx-lm's rotation)."""
 
     def rollback(self, i: int, n: int) -> None:
-        raise NotImplementedError("a sliding-window layer cannot roll a row back yet "
-                                  "(its window may have wrapped over the dropped tokens)")
+        """Exact until the ring first wraps (the buffer is then in time order, as a full
+        layer's); after that the dropped tokens have overwritten ones the row's window
+        would need again, so it refuses (the plan keeps speculation off such models)."""
+        if self.rotated or self.keys is None or self._offset > self.keys.shape[2]:
+            raise NotImplementedError("a sliding-window layer cannot roll a row back once "
+                                      "its window has wrapped")
+        roll_row_back(self, i, n)
 
 
 class RecurrentLayout(ArraysCache):
-    """Recurrent (SSM / linear attention) state: constant size per row."""
+    """Recurrent (SSM / linear attention) state: constant size per row.
+
+    A forward pass folds every token into the state, so rolling back means going back to
+    a snapshot: `checkpoint()` keeps the state arrays as they are (MLX arrays are values,
+    so that is a reference, not a copy), and `rollback(i, n)` puts row i back to it; the
+    caller then feeds again the tokens it keeps. Adding or dropping rows forgets it."""
+
+    _snapshot: list | None = None
+
+    def checkpoint(self) -> None:
+        self._snapshot = list(self.cache)
 
     def rollback(self, i: int, n: int) -> None:
-        raise NotImplementedError("a recurrent layer rolls back from state snapshots, "
-                                  "which this layout does not take yet")
+        if self._snapshot is None:
+            raise ValueError("no checkpoint to roll back to (call checkpoint() first)")
+        for k, (now, then) in enumerate(zip(self.cache, self._snapshot, strict=True)):
+            if now is not None and then is not None:
+                now[i:i + 1] = then[i:i + 1]
+                self.cache[k] = now
+
+    def filter(self, batch_indices):
+        self._snapshot = None
+        super().filter(batch_indices)
+
+    def extend(self, other):
+        self._snapshot = None
+        super().extend(other)
