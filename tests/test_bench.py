@@ -140,3 +140,55 @@ def test_cli_writes_bench_json(tmp_path):
     assert doc["summary"]["requests"] == 2 and doc["summary"]["errors"] == 0
     assert all(q["completion_tokens"] == 4 for q in doc["requests"])
     assert "BENCH fleet target=self" in r.stdout
+
+
+def test_kv_scheme_against_native(tmp_path):
+    """bench=kv: capacity, batched and short-row decode for k8v4 and its native anchor,
+    measured in one run, with the label (speed itself is not asserted)."""
+    from conftest import resolve_overrides
+
+    from appliance.bench import check, run
+
+    overrides = ["kv=k8v4"]
+    plan = resolve_overrides(overrides)
+    cfg = BenchConfig(workload="kv", kv_batches=[2], kv_context=48, kv_short_context=16,
+                      decode_tokens=4, repeats=1)
+    run(plan, cfg, tmp_path, tuple(overrides))
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    r, label = doc["result"], doc["label"]
+    assert doc["workload"] == "kv" and label["kv"] == "affine"
+    assert label["fingerprint"] == plan.fingerprint and label["versions"]["mlx"]
+    assert label["machine"]["backend"] == plan.machine.backend
+    assert label["model"]["parameters"] == plan.model.parameters
+    assert label["bench"]["kv_batches"] == [2] and label["bench"]["kv_context"] == 48
+    assert r["anchor"] == "native" and r["scheme"] == "k8v4"
+    assert [s["name"] for s in r["schemes"]] == ["native", "k8v4"]
+    native, k8v4 = r["schemes"]
+    assert native["bytes_per_token"] == k8v4["native_bytes_per_token"] > k8v4["bytes_per_token"]
+    assert k8v4["fingerprint"] == plan.fingerprint != native["fingerprint"]
+    assert r["kv_budget_bytes"] == plan.batch.kv_budget_bytes
+
+    cap = {(c["scheme"], c["context"]): c for c in r["capacity"]}
+    assert set(cap) == {(s, c) for s in ("native", "k8v4") for c in (4096, 32768)}
+    for c in (4096, 32768):
+        assert cap["native", c]["ratio_to_native"] == 1.0
+        assert cap["k8v4", c]["rows"] > cap["native", c]["rows"] > 0
+        assert cap["native", c]["rows"] == plan.batch.kv_budget_bytes // (3072 * c)
+
+    assert [(d["scheme"], d["batch"]) for d in r["decode"]] == [("native", 2), ("k8v4", 2)]
+    for d in r["decode"]:
+        assert d["tok_s_median"] > 0 and len(d["runs"]) == 1 and d["ratio_to_native"] > 0
+        m = d["memory"]
+        assert m["kv_bytes_predicted"] > 0 and m["kv_bytes_held"] > 0
+        assert m["active_bytes"] > 0 and m["cache_bytes"] >= 0
+    assert r["decode"][0]["ratio_to_native"] == 1.0
+    assert (r["decode"][1]["memory"]["kv_bytes_predicted"]
+            < r["decode"][0]["memory"]["kv_bytes_predicted"])
+    assert [(s["scheme"], s["path"]) for s in r["short"]] == [
+        ("native", "solo"), ("k8v4", "solo"), ("native", "batched"), ("k8v4", "batched")]
+    assert all(s["tok_s_median"] > 0 and s["context"] == 16 for s in r["short"])
+
+    problems = check(BenchConfig(workload="kv", target="mlx_lm", kv_batches=[],
+                                 kv_capacity_contexts=[0], kv_context=0, kv_budget="lots"))
+    assert len(problems) == 5, problems
+    assert "bench.target must be self" in problems[0]

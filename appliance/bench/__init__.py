@@ -4,11 +4,12 @@
     appliance mode=bench bench.target=mlx_lm          the same fleet against mlx_lm.server
     appliance mode=bench bench.target=http://host:port   ... against a running server
     appliance mode=bench bench=decode [bench.target=mlx_lm]   B=1 decode speed
+    appliance mode=bench bench=kv kv=k8v4              a KV scheme against kv=native
     appliance -m mode=bench batch.max_rows=1,4,8      one bench.json per sweep cell
 
 `run()` prints a table and one `BENCH ...` line, and writes `<outdir>/bench.json`
 (results + label). Modules: prompts (corpus text sized in model tokens), client
-(streamed requests, the fleet), targets (servers), decode, stats, report.
+(streamed requests, the fleet), targets (servers), decode, prefix, kv, stats, report.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from appliance.plan import ExecutionPlan, PlanError
 
-WORKLOADS = ("fleet", "decode", "prefix")
+WORKLOADS = ("fleet", "decode", "prefix", "kv")
 
 
 def _target_kind(target: str) -> str:
@@ -30,7 +31,9 @@ def _target_kind(target: str) -> str:
 # (field, smallest valid value): below it a run measures nothing or cannot be timed.
 _MINIMUMS = (("clients", 1), ("requests_per_client", 1), ("system_tokens", 0),
              ("user_tokens", 1), ("max_tokens", 1), ("warmup", 0), ("stagger_s", 0),
-             ("jitter_s", 0), ("decode_tokens", 2), ("repeats", 1))
+             ("jitter_s", 0), ("decode_tokens", 2), ("repeats", 1), ("kv_context", 1),
+             ("kv_short_context", 1))
+_LIST_MINIMUMS = (("kv_batches", 1), ("kv_capacity_contexts", 1))
 
 
 def check(cfg) -> list[str]:
@@ -47,9 +50,24 @@ def check(cfg) -> list[str]:
         problems.append("bench=prefix restarts the appliance itself: bench.target must be self")
     if cfg.workload == "decode" and kind == "url":
         problems.append("bench=decode runs in-process: bench.target must be self or mlx_lm")
+    if cfg.workload == "kv" and kind != "self":
+        problems.append("bench=kv runs the plan's engine in-process: bench.target must be self")
     for name, least in _MINIMUMS:
         if getattr(cfg, name) < least:
             problems.append(f"bench.{name}={getattr(cfg, name)} must be >= {least}")
+    for name, least in _LIST_MINIMUMS:
+        values = list(getattr(cfg, name))
+        if not values or any(not isinstance(v, int) or v < least for v in values):
+            problems.append(f"bench.{name}={values} must be a non-empty list of integers "
+                            f">= {least}")
+    if str(cfg.kv_budget) != "auto":
+        from appliance.plan.sizes import parse_size
+
+        try:
+            if parse_size(cfg.kv_budget) <= 0:
+                problems.append(f"bench.kv_budget={cfg.kv_budget} must be more than 0 bytes")
+        except ValueError as e:
+            problems.append(f"bench.kv_budget: {e}, or auto (the plan's batch.kv_budget_bytes)")
     return problems
 
 
@@ -79,8 +97,17 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
         raise PlanError(problems)
     kind = _target_kind(cfg.target)
     path = model_dir(plan)
-    tokenizer = load_tokenizer(path)
     doc = {"label": report.label(plan, cfg), "workload": cfg.workload}
+    if cfg.workload == "kv":  # random token ids: no tokenizer
+        from appliance.bench.kv import kv_line, kv_text, run_kv
+
+        doc["target"] = {"kind": kind, "model": str(path)}
+        doc["result"] = run_kv(plan, cfg, path, overrides)
+        out = report.write(outdir, doc)
+        print(kv_text(doc))
+        print(kv_line(doc, out), flush=True)
+        return doc
+    tokenizer = load_tokenizer(path)
     if cfg.workload == "prefix":
         from appliance.bench.prefix import prefix_text, run_prefix
 

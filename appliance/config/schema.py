@@ -126,6 +126,12 @@ class BenchConfig:
     repeats: int = 3  # decode workload: runs per contender
     prefix_tokens: list[int] = field(default_factory=lambda: [2048, 8192])  # bench=prefix
     mlx_lm_args: str = ""  # target=mlx_lm: extra mlx_lm.server flags, e.g. "--prompt-cache-size 0"
+    # bench=kv: the plan's KV scheme against kv=native, measured in the same run
+    kv_budget: str = "auto"  # fixed KV budget for capacity: auto (the plan's) | e.g. 4GiB
+    kv_capacity_contexts: list[int] = field(default_factory=lambda: [4096, 32768])  # row sizes
+    kv_batches: list[int] = field(default_factory=lambda: [8, 32])  # rows decoded together
+    kv_context: int = 4096  # prompt tokens per row for the batched decode
+    kv_short_context: int = 128  # prompt tokens of the B=1 short row
 
 
 @dataclass
