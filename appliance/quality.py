@@ -46,7 +46,8 @@ def plan_for(overrides: list[str]):
     from appliance.config.hydra_setup import conf_dir, setup
     from appliance.plan import resolve
 
-    overrides = ["model=tiny", "model.dtype=float32", *overrides]
+    # kv.start=0: quantized from the first token, so short windows measure the codes
+    overrides = ["model=tiny", "model.dtype=float32", "kv.start=0", *overrides]
     problems = _override_problems(overrides)
     if problems:
         raise PlanError(problems)

@@ -38,12 +38,17 @@ def test_budget_shapes():
     b.check_integrity()
 
 
-def test_a_quantized_row_is_charged_native_bytes_until_kv_start():
-    """A lone row holds native KV until kv.start tokens, then the scheme's bytes."""
+def test_the_budget_keeps_room_for_one_lone_rows_native_start():
+    """A lone row holds native KV until kv.start tokens; rows in a batch are encoded from
+    the start. So the budget sets aside the native surplus once, not per row."""
     s = KVShape(full_per_token=3, sliding_per_token=0, window=0, recurrent=0,
                 native_per_token=10, start=64)
-    assert s.row_bytes(32) == 32 * 10
-    assert s.row_bytes(100) == 100 * 3 + 64 * 7 >= 64 * 10  # never below what it held
+    assert s.row_bytes(100) == 300 and s.lone_row_extra == 64 * 7
+    b = Budget(64 * 7 + 3 * 300, s)
+    assert b.room == 900
+    assert all(b.try_admit(i, 50, 50) for i in range(3)) and not b.try_admit(9, 1, 1)
+    assert not b.fits_alone(250, 51) and b.fits_alone(250, 50)
+    b.check_integrity()
 
 
 def test_admission_waits_for_bytes_head_of_line(tiny):

@@ -81,7 +81,7 @@ def test_batch_plan_states_placement_and_budget():
     assert plan.batch.mode == "continuous" and plan.batch.max_rows == 8
     assert plan.batch.kv_budget_bytes == plan.memory.kv_budget_bytes  # auto
     assert set(plan.batch.placement) == {"full"}
-    assert "BatchKVCache" in plan.batch.placement["full"]
+    assert "left-padded to one write cursor" in plan.batch.placement["full"]
     explicit = resolve_overrides(["batch.kv_budget=512MiB"])
     assert explicit.batch.kv_budget_bytes == 512 * 1024**2
     assert "until a second row is admitted" in plan.batch.lone_row  # stated, not silent
@@ -139,3 +139,59 @@ def test_fingerprint_sees_different_weights_of_one_shape():
     assert a.model.config_sha256 == b.model.config_sha256
     assert a.model.weight_bytes_on_disk == b.model.weight_bytes_on_disk
     assert a.fingerprint != b.fingerprint
+
+
+def test_kv_schemes_state_their_true_bytes_and_capacity():
+    native, q = resolve_overrides([]), resolve_overrides(["kv=affine4"])
+    # 6 layers x K+V x 2 heads x 64 dims x 2 bytes (bf16) = 512 per layer and token
+    assert native.kv.bytes_per_token == 6 * 512 and native.kv.quantized_layers == ()
+    assert q.kv.keep_layers == (0, 1, 4, 5) and q.kv.quantized_layers == (2, 3)
+    # an affine4 vector of 64: 32 bytes of codes + a bf16 scale and bias per group of 64
+    assert q.kv.bytes_per_token == 4 * 512 + 2 * (2 * 2 * (32 + 4))
+    assert q.kv.layers["full"]["bytes_per_token"] == 2 * 2 * 36
+    rows = q.memory.rows_at_max_context
+    assert set(rows) == {"native", "affine8", "k8v4", "affine4", "turboquant"}
+    assert rows["native"] < rows["affine8"] < rows["k8v4"] < rows["affine4"]
+    every = resolve_overrides(["kv=turboquant", "kv.keep_layers=[]"])
+    assert every.kv.quantized_layers == tuple(range(6))
+    assert every.kv.bytes_per_token == 6 * 2 * 2 * (32 + 2)  # 4-bit codes + a float16 norm
+    assert "rotated space" in every.kv.attention
+    fingerprints = {resolve_overrides(o).fingerprint for o in (
+        [], ["kv=affine8"], ["kv=k8v4"], ["kv=affine4"], ["kv=turboquant"],
+        ["kv=k8v4", "kv.start=0"], ["kv=k8v4", "kv.keep_layers=[]"],
+        ["kv=turboquant", "kv.rotation=orthogonal"], ["kv=turboquant", "kv.rotation_seed=1"])}
+    assert len(fingerprints) == 9  # an SSD blob of one scheme never loads under another
+
+
+def test_impossible_kv_compositions_are_refused_together():
+    with pytest.raises(PlanError) as e:
+        resolve_overrides(["kv=k8v4", "kv.start=99999", "kv.group_size=48",
+                           "kv.keep_layers=[9]", "kv.value_bits=7"])
+    msg = str(e.value)
+    for needle in ("kv.start=99999", "server.max_context", "kv.group_size=48",
+                   "valid choices: 32, 64, 128", "kv.keep_layers=[9]", "kv.value_bits=7",
+                   "valid choices: 2, 3, 4, 5, 6, 8"):
+        assert needle in msg
+    assert len(e.value.problems) == 4
+
+
+def test_turboquant_hadamard_needs_a_power_of_two_head_and_mla_stays_native():
+    from dataclasses import replace
+
+    from appliance.plan.kv import resolve_kv
+    from appliance.plan.model_info import inspect_model
+    from appliance.plan.resolve import EMBEDDED_MODEL
+
+    info = inspect_model(EMBEDDED_MODEL)
+    kv = type("KV", (), {"scheme": "turboquant", "key_bits": 4, "value_bits": 4,
+                         "group_size": 64, "start": 0, "keep_layers": None,
+                         "rotation": "hadamard", "rotation_seed": 0})()
+    problems: list[str] = []
+    assert resolve_kv(kv, replace(info, head_dim=96), "bfloat16", "cpu", 4096, problems) is None
+    assert "power-of-two head size" in problems[0] and "kv.rotation=orthogonal" in problems[0]
+    kv.rotation, problems = "orthogonal", []
+    assert resolve_kv(kv, replace(info, head_dim=96), "bfloat16", "cpu", 4096, problems)
+    problems = []
+    assert resolve_kv(kv, replace(info, architecture="deepseek_v3"), "bfloat16", "cpu", 4096,
+                      problems) is None
+    assert "MLA latent" in problems[0] and "valid choices: kv=native" in problems[0]

@@ -22,10 +22,15 @@ class KVShape:
     start: int = 0  # tokens a lone row holds native before its KV is quantized
 
     def row_bytes(self, tokens: int) -> int:
-        extra = max(0, self.native_per_token - self.full_per_token) * min(tokens, self.start)
-        return (self.full_per_token * tokens + extra
+        return (self.full_per_token * tokens
                 + self.sliding_per_token * min(tokens, self.window)
                 + self.recurrent)
+
+    @property
+    def lone_row_extra(self) -> int:
+        """What a lone row may hold beyond its encoded bytes: its first `start` tokens stay
+        native until then. Only one row is ever lone (a second one joining encodes it)."""
+        return max(0, self.native_per_token - self.full_per_token) * self.start
 
 
 class Budget:
@@ -43,12 +48,17 @@ class Budget:
     def cost(self, prompt_tokens: int, max_tokens: int) -> int:
         return self.shape.row_bytes(prompt_tokens + max_tokens)
 
+    @property
+    def room(self) -> int:
+        """The budget less what the one lone row may hold native (see KVShape)."""
+        return self.budget - self.shape.lone_row_extra
+
     def fits_alone(self, prompt_tokens: int, max_tokens: int) -> bool:
-        return self.cost(prompt_tokens, max_tokens) <= self.budget
+        return self.cost(prompt_tokens, max_tokens) <= self.room
 
     def try_admit(self, rid: int, prompt_tokens: int, max_tokens: int) -> bool:
         cost = self.cost(prompt_tokens, max_tokens)
-        if self.reserved + cost > self.budget:
+        if self.reserved + cost > self.room:
             return False
         self._held[rid] = cost
         return True
@@ -58,4 +68,4 @@ class Budget:
 
     def check_integrity(self) -> None:
         assert all(v > 0 for v in self._held.values()), "a row holds no bytes"
-        assert self.reserved <= self.budget, "reservations exceed the budget"
+        assert self.reserved <= self.room, "reservations exceed the budget"

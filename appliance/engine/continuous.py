@@ -161,7 +161,7 @@ class ContinuousScheduler:
             return False
         r = self._waiting[0].request
         return self.budget.reserved + self.budget.cost(len(r.prompt), r.max_tokens) \
-            <= self.budget.budget
+            <= self.budget.room
 
     def _start_solo(self) -> None:
         h = self._waiting[0]

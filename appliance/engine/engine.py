@@ -110,8 +110,8 @@ class Engine:
             need = self.budget.cost(len(request.prompt), request.max_tokens)
             raise Rejected(400, f"this request needs {need:,} bytes of KV cache (prompt "
                                 f"{len(request.prompt)} + max_tokens {request.max_tokens} "
-                                f"tokens) but batch.kv_budget is {self.budget.budget:,} bytes; "
-                                "lower max_tokens or shorten the prompt")
+                                f"tokens) but batch.kv_budget leaves {self.budget.room:,} bytes "
+                                "for a row; lower max_tokens or shorten the prompt")
         if self.pending() >= self.max_queue:
             raise Rejected(429, f"the queue is full ({self.max_queue} requests waiting; "
                                 "batch.max_queue); retry shortly", retry_after=1)

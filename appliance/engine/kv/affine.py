@@ -2,8 +2,8 @@
 
 Per group of `group_size` elements of a head vector: packed words, a scale and a bias in
 the compute dtype. Decode attends with `mx.quantized_matmul` (mlx-lm's quantized
-attention, with per-tensor bits; with equal bits it is mlx-lm's arithmetic exactly, on
-every backend MLX has).
+attention, with per-tensor bits; with equal bits it is mlx-lm's arithmetic exactly),
+except on MLX's CUDA backend, which has no such kernel for these shapes.
 """
 
 from __future__ import annotations
@@ -16,11 +16,19 @@ from mlx.utils import tree_map
 from appliance.engine.kv.quantized import CODECS
 
 
+def on_cuda() -> bool:
+    return mx.default_device() == mx.gpu and hasattr(mx, "cuda") and mx.cuda.is_available()
+
+
 class AffineCodec:
     name = "affine"
 
     def __init__(self, group_size: int = 64, key_bits: int = 8, value_bits: int = 8):
         self.group_size, self.key_bits, self.value_bits = group_size, key_bits, value_bits
+        # MLX's CUDA backend has no quantized_matmul for attention's shapes ("No
+        # implementation for problem shape", seen on the H200): there decode dequantizes,
+        # then runs fused SDPA (the reference path), and the plan says so.
+        self.attends = not on_cuda()
 
     def _bits(self, which: str) -> int:
         return self.key_bits if which == "k" else self.value_bits

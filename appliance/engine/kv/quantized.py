@@ -93,7 +93,7 @@ class _Stored:
         for a prefill chunk, and for every step on the reference path."""
         n = fresh_k.shape[2]
         keys, values = _slice(self.keys, 0, end), _slice(self.values, 0, end)
-        if n == 1 and not self.reference:
+        if n == 1 and not self.reference and self.codec.attends:
             return Codes(keys, self.codec), Codes(values, self.codec)
         dt = fresh_k.dtype
         if n == 1:

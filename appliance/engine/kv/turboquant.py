@@ -42,8 +42,25 @@ def hadamard_ok(d: int) -> bool:
     return d in HADAMARD_SIZES
 
 
+def _split(x: mx.array) -> tuple[mx.array, mx.array]:
+    """x as a bfloat16-exact head plus a float32 tail."""
+    head = x.astype(mx.bfloat16).astype(mx.float32)
+    return head, x - head
+
+
+def _matmul(x: mx.array, parts: tuple[mx.array, mx.array]) -> mx.array:
+    """x @ m to float32 accuracy where float32 matmuls run at TF32 (MLX's CUDA backend by
+    default): bfloat16-exact heads multiply exactly, and the tails' rounding is second
+    order. One matmul in TF32 moved logits by 0.027 on the H200; this keeps the query
+    rotation float32, as it must be (tech-brief 1.9)."""
+    xh, xl = _split(x)
+    mh, ml = parts
+    return xh @ mh + (xh @ ml + xl @ mh)
+
+
 class TurboCodec:
     name = "turboquant"
+    attends = True  # decode attends over the codes (fused on CUDA, plain MLX elsewhere)
 
     def __init__(self, dim: int, key_bits: float = 4, value_bits: float = 4,
                  rotation: str = "hadamard", seed: int = 0):
@@ -60,6 +77,8 @@ class TurboCodec:
             g = mx.random.normal((dim, dim), key=key, dtype=mx.float32)
             q, r = mx.linalg.qr(g, stream=mx.cpu)
             self.matrix = q * mx.sign(mx.diagonal(r))[None]  # Haar-distributed
+            self._parts = {t: _split(m) for t, m in (("T", self.matrix.T),
+                                                      ("", self.matrix))}
         self.books = {b: self._book(b) for w in "kv" for b, _, _ in self._segments(w)}
         # the fused decode kernels: MLX's CUDA backend, whole bits (tests/test_kv_cuda.py)
         self.fused = (turboquant_cuda.available() and key_bits == int(key_bits)
@@ -94,14 +113,14 @@ class TurboCodec:
             for s in self.signs:
                 x = mx.hadamard_transform(x * s, scale=1 / math.sqrt(self.dim))
             return x
-        return x @ self.matrix.T
+        return _matmul(x, self._parts["T"])
 
     def unrotate(self, y: mx.array) -> mx.array:
         if self.rotation == "hadamard":
             for s in reversed(self.signs):
                 y = mx.hadamard_transform(y, scale=1 / math.sqrt(self.dim)) * s
             return y
-        return y @ self.matrix
+        return _matmul(y, self._parts[""])
 
     # -- codes -----------------------------------------------------------------------
     # Indices are packed densely: coordinate j of a run takes bits [j*b, j*b + b) of the
