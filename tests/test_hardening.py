@@ -4,6 +4,7 @@ MLX, one request never breaks another, and the engine thread survives a failed s
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -134,3 +135,74 @@ def test_an_engine_that_cannot_recover_says_so(fresh_engine):
         r = c.post("/v1/completions", json={"model": plan.model.id, "prompt": "x",
                                             "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_failed"
+
+
+def test_a_body_nested_too_deep_is_a_400(server, plan):
+    """F4: 10,000 brackets inside an unknown field was a 500 RecursionError."""
+    body = (f'{{"model":"{plan.model.id}","prompt":"x","max_tokens":2,"junk":'
+            + "[" * 10000 + "]" * 10000 + "}")
+    r = httpx.post(f"{server}/v1/completions", content=body, timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    assert _post(server, plan).status_code == 200  # and the server goes on
+
+
+def _strict(line: str):
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_stream_events_are_strict_json_even_for_nan_logprobs(server, plan):
+    """F5: an extreme repetition_penalty makes log-probabilities NaN / -inf; the stream wrote
+    bare NaN and -Infinity (invalid JSON), where the non-streaming body has null."""
+    from appliance.api import wire
+
+    assert _strict(wire.sse({"x": float("nan"), "y": float("-inf")})[6:].decode()) \
+        == {"x": None, "y": None}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=60, json={
+            "model": plan.model.id, **CHAT, "stream": True, "logprobs": True,
+            "top_logprobs": 2, "repetition_penalty": 1e-30, "max_tokens": 4}) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert all(_strict(e) is not None for e in events[:-1])
+
+
+def test_an_unexpected_500_is_logged():
+    """F9: a 500 from an unexpected exception left nothing in the log."""
+    import logging
+
+    from litestar import Litestar, get
+    from litestar.testing import TestClient
+
+    from appliance.api.errors import HANDLERS
+
+    @get("/boom")
+    async def boom() -> dict:
+        raise KeyError("injected")
+
+    app = Litestar([boom], exception_handlers=HANDLERS)  # (it configures logging itself)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    logging.getLogger("appliance.api").addHandler(handler)
+    try:
+        with TestClient(app) as c:
+            r = c.get("/boom")
+    finally:
+        logging.getLogger("appliance.api").removeHandler(handler)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert any("500 on GET /boom" in rec.getMessage() and rec.exc_info for rec in records)
+
+
+def test_a_key_no_schema_declares_is_refused_naming_the_nearest():
+    """F10: `+batch.max_row=4`, which Hydra's own hint suggests for a typo, was accepted and
+    did nothing."""
+    from appliance.plan import PlanError
+
+    with pytest.raises(PlanError) as e:
+        resolve_overrides(["+batch.max_row=4", "+server.hots=0.0.0.0"])
+    msg = str(e.value)
+    assert "batch.max_row is not a setting" in msg and "did you mean batch.max_rows?" in msg
+    assert "server.hots" in msg and "did you mean server.host?" in msg

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+log = logging.getLogger("appliance.api")
 
 TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
          500: "server_error", 503: "server_error"}
@@ -50,7 +54,14 @@ def handle_http(_: Request, exc: HTTPException) -> Response:
     return _respond(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
 
 
-def handle_unexpected(_: Request, exc: Exception) -> Response:
+def handle_too_deep(_: Request, exc: RecursionError) -> Response:
+    """msgspec refuses a body nested deeper than it recurses (10,000 brackets did it)."""
+    return _respond(APIError(400, "invalid request body: the JSON is nested too deeply",
+                             code="invalid_json"))
+
+
+def handle_unexpected(request: Request, exc: Exception) -> Response:
+    log.error("500 on %s %s", request.method, request.url.path, exc_info=exc)
     return _respond(APIError(HTTP_500_INTERNAL_SERVER_ERROR, f"internal error: {exc}"))
 
 
@@ -58,5 +69,6 @@ HANDLERS = {
     APIError: handle_api_error,
     ValidationException: handle_validation,
     HTTPException: handle_http,
+    RecursionError: handle_too_deep,
     Exception: handle_unexpected,
 }

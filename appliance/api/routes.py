@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from appliance.api.requests import Prepared, prepare_chat, prepare_completion
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.textgen import Done, Piece, generate_text
 
+log = logging.getLogger("appliance.api")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -58,6 +60,7 @@ async def _complete(request: Request, state: State, prep: Prepared) -> tuple[lis
 
     done = await _unless_disconnected(request, gen, collect())
     if done.error:
+        log.error("generation failed: %s", done.error)
         raise APIError(500, f"generation failed: {done.error}", code="generation_error")
     return pieces, done
 
@@ -74,6 +77,7 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
     # Refusals (400/429) must be HTTP errors, not a broken stream: wait for the first piece.
     first = await _unless_disconnected(request, gen, gen.__anext__())
     if isinstance(first, Done) and first.error:  # failed before any token: a plain 500
+        log.error("generation failed: %s", first.error)
         raise APIError(500, f"generation failed: {first.error}", code="generation_error")
 
     async def frames() -> AsyncIterator[bytes]:
@@ -85,6 +89,7 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
             while True:
                 if isinstance(item, Done):
                     if item.error:
+                        log.error("generation failed mid-stream: %s", item.error)
                         yield wire.sse(APIError(500, f"generation failed: {item.error}").body())
                         break
                     yield wire.sse({**env, "choices": [fmt.chunk(None, item.finish_reason)]})

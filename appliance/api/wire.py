@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import msgspec
 
 from appliance.api.textgen import Done, Piece
 
@@ -19,7 +19,10 @@ def usage(done: Done) -> dict:
 
 
 def sse(obj) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+    """One server-sent event. msgspec writes a NaN or infinite log-probability (an extreme
+    repetition_penalty can make one) as null, as the non-streaming responses do; json.dumps
+    wrote bare NaN / -Infinity, which no JSON parser accepts."""
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
 class Chat:

@@ -7,7 +7,8 @@ values *mean* (validation, derived budgets, capabilities) is decided by
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, is_dataclass
 
 from hydra.core.config_store import ConfigStore
 
@@ -163,3 +164,28 @@ GROUPS = {
 def register() -> None:
     """Register the schema so that every option YAML is type-checked."""
     ConfigStore.instance().store(name="appliance_schema", node=AppConfig)
+
+
+def unknown_keys(cfg, schema: type = AppConfig, prefix: str = "") -> list[str]:
+    """One sentence per key of a composed config that no schema declares: Hydra's `+key=`
+    (which its own error message suggests for a typo) adds such keys, and nothing would
+    read them. Each names the nearest valid key."""
+    from omegaconf import DictConfig
+
+    defaults = schema()
+    problems = []
+    for key in cfg.keys():
+        if not prefix and key == "hydra":
+            continue
+        path = f"{prefix}{key}"
+        if not hasattr(defaults, key):
+            valid = [f"{prefix}{k}" for k in vars(defaults)]
+            near = difflib.get_close_matches(path, valid, n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            problems.append(f"{path} is not a setting of appliance; {hint}valid keys here: "
+                            f"{', '.join(valid)}")
+            continue
+        value = getattr(defaults, key)
+        if is_dataclass(value) and isinstance(cfg[key], DictConfig):
+            problems += unknown_keys(cfg[key], type(value), f"{path}.")
+    return problems

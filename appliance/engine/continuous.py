@@ -16,6 +16,7 @@ cache, history and sampler to the batch and both continue batched.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from appliance.engine.sampling import make_processors, make_sampler, repair_rand
 from appliance.engine.scheduler import Counters, RowState, finish, safe_deliver, token_event
 from appliance.engine.step import BatchStep
 from appliance.engine.types import FinishReason
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,6 +115,7 @@ class ContinuousScheduler:
                     req = self._rows[uid].handle.request
                     self._store(tokens, cache, durable=self._durable(req, len(tokens)))
         except Exception as e:  # a failed forward fails the rows in flight, not the server
+            log.exception("batched step failed; failing its %d rows", len(self._rows))
             self.fail_all(f"{type(e).__name__}: {e}")
             return
         # A step that carries a prefill chunk counts as prefill time (it is what delays
@@ -190,6 +194,7 @@ class ContinuousScheduler:
         try:
             tok, logprobs = d.next(last=row.generated + 1 == max_tokens)
         except Exception as e:
+            log.exception("a lone row's step failed")
             return self._end_solo(FinishReason.ERROR, f"{type(e).__name__}: {e}")
         finally:
             self.counters.decode_seconds += time.perf_counter() - t

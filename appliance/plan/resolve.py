@@ -129,6 +129,12 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     problems: list[str] = []
     notes: list[str] = []
     m, srv, mach = cfg.model, cfg.server, cfg.machine
+    from omegaconf import DictConfig
+
+    if isinstance(cfg, DictConfig):  # never accept and ignore a key (e.g. +batch.max_row=4)
+        from appliance.config.schema import unknown_keys
+
+        problems += unknown_keys(cfg)
 
     _choice(problems, "model.source", m.source, SOURCES)
     _choice(problems, "model.dtype", m.dtype, DTYPES)
