@@ -206,3 +206,19 @@ def test_a_key_no_schema_declares_is_refused_naming_the_nearest():
     msg = str(e.value)
     assert "batch.max_row is not a setting" in msg and "did you mean batch.max_rows?" in msg
     assert "server.hots" in msg and "did you mean server.host?" in msg
+
+
+def test_a_prompt_far_past_the_context_is_refused_before_tokenizing(server, plan):
+    """F3 (and issue 14): a 5 MB prompt was tokenized in full first (10 s, /health stalled
+    9.5 s) and the 400 named max_tokens; agent frameworks look for context_length_exceeded."""
+    t = time.perf_counter()
+    r = httpx.post(f"{server}/v1/completions", timeout=60, json={
+        "model": plan.model.id, "prompt": "def f(x):\n    return x\n" * 200_000,
+        "max_tokens": 4})
+    assert time.perf_counter() - t < 2.0
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded"
+    assert err["param"] == "prompt"
+    r = _post(server, plan, messages=[{"role": "user", "content": "x " * 5000}])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert r.json()["error"]["code"] == "context_length_exceeded"

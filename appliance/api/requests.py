@@ -91,13 +91,15 @@ def _stops(stop) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _max_tokens(requested: int | None, prompt_len: int, plan: ExecutionPlan, name: str) -> int:
+def _max_tokens(requested: int | None, prompt_len: int, plan: ExecutionPlan, name: str,
+                prompt: str) -> int:
+    """`name`: the max-tokens field the request used; `prompt`: its prompt field."""
     limit = plan.server.max_context
     if prompt_len == 0:
-        raise invalid("prompt" if name == "max_tokens" else "messages", "the prompt is empty")
+        raise invalid(prompt, "the prompt is empty")
     if prompt_len >= limit:
-        raise invalid(name, f"the prompt has {prompt_len} tokens; this server's context "
-                            f"limit is {limit} tokens (server.max_context)")
+        raise too_long(prompt, f"the prompt has {prompt_len} tokens; this server's context "
+                               f"limit is {limit} tokens (server.max_context)")
     if requested is None:  # unspecified: as much as fits, up to the default
         return min(plan.server.default_max_tokens, limit - prompt_len)
     if requested < 1:
@@ -106,6 +108,29 @@ def _max_tokens(requested: int | None, prompt_len: int, plan: ExecutionPlan, nam
         raise invalid(name, f"prompt ({prompt_len} tokens) + {name} ({requested}) exceeds "
                             f"this server's context limit of {limit} tokens (server.max_context)")
     return requested
+
+
+def too_long(param: str, message: str) -> APIError:
+    """The code agent frameworks look for to trim their history."""
+    return APIError(400, f"{param}: {message}", param=param, code="context_length_exceeded")
+
+
+@functools.lru_cache(maxsize=8)
+def _longest_token_bytes(tokenizer) -> int:
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return max((len(t.encode()) for t in vocab), default=0) or 64
+
+
+def _refuse_if_surely_too_long(tokenizer, texts, plan: ExecutionPlan, param: str) -> None:
+    """Before tokenizing: no token holds more than the vocabulary's longest entry, so text
+    of more than that many bytes per token of the context limit cannot fit. A 5 MB prompt
+    is refused here at once instead of being tokenized first (it took 10 s)."""
+    size = sum(len(t.encode()) for t in texts if isinstance(t, str))
+    floor = size // _longest_token_bytes(tokenizer)
+    if floor >= plan.server.max_context:
+        raise too_long(param, f"the prompt is {size:,} bytes, at least {floor:,} tokens; this "
+                              f"server's context limit is {plan.server.max_context} tokens "
+                              "(server.max_context)")
 
 
 def _message_dict(i: int, m) -> dict:
@@ -130,6 +155,7 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
     if body.response_format and body.response_format.get("type") not in (None, "text"):
         raise invalid("response_format", "structured output is not supported yet")
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    _refuse_if_surely_too_long(tokenizer, [m["content"] for m in messages], plan, "messages")
     sampling = _sampling(body, plan, plan.model.vocab_size)
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
@@ -141,7 +167,7 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
         name, requested = "max_completion_tokens", body.max_completion_tokens
     else:
         name, requested = "max_tokens", body.max_tokens
-    max_tokens = _max_tokens(requested, len(ids), plan, name)
+    max_tokens = _max_tokens(requested, len(ids), plan, name, "messages")
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs", "requires logprobs=true")
     k = _logprobs("top_logprobs", body.top_logprobs or 0) if body.logprobs else None
@@ -209,12 +235,13 @@ def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) 
         raise invalid("echo" if body.echo else "suffix", "is not supported")
     sampling = _sampling(body, plan, plan.model.vocab_size)
     if isinstance(body.prompt, str):
+        _refuse_if_surely_too_long(tokenizer, [body.prompt], plan, "prompt")
         ids = list(tokenizer.encode(body.prompt))
     else:
         if any(not 0 <= t < plan.model.vocab_size for t in body.prompt):
             raise invalid("prompt", f"token ids must be in [0, {plan.model.vocab_size})")
         ids = list(body.prompt)
-    max_tokens = _max_tokens(body.max_tokens, len(ids), plan, "max_tokens")
+    max_tokens = _max_tokens(body.max_tokens, len(ids), plan, "max_tokens", "prompt")
     k = _logprobs("logprobs", body.logprobs)
     return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=k), _stops(body.stop),
                     bool((body.stream_options or {}).get("include_usage")))

@@ -108,7 +108,8 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, state: State,
                            data: JSONBody[ChatCompletionRequest]) -> Response | Stream:
-    prep = prepare_chat(data, state.plan, state.tokenizer)
+    # templates and tokenization run off the event loop: /health never waits behind them
+    prep = await asyncio.to_thread(prepare_chat, data, state.plan, state.tokenizer)
     fmt = wire.Chat(state.tokenizer, prep.engine_request.logprobs is not None)
     return await _respond(request, state, prep, fmt, data.stream)
 
@@ -116,7 +117,7 @@ async def chat_completions(request: Request, state: State,
 @post("/v1/completions", status_code=200)
 async def completions(request: Request, state: State,
                       data: JSONBody[CompletionRequest]) -> Response | Stream:
-    prep = prepare_completion(data, state.plan, state.tokenizer)
+    prep = await asyncio.to_thread(prepare_completion, data, state.plan, state.tokenizer)
     fmt = wire.Completion(state.tokenizer, prep.engine_request.logprobs is not None)
     return await _respond(request, state, prep, fmt, data.stream)
 
