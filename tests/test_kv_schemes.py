@@ -155,3 +155,22 @@ def test_the_headline_kv_scheme_serves_through_the_openai_api(tmp_path):
         layouts = engine.scheduler._batch.scheme.merge([engine.scheduler._batch.scheme
                                                         .make_cache(engine.model)])
         assert isinstance(layouts[2], QuantLayout) and not isinstance(layouts[0], QuantLayout)
+
+
+@pytest.mark.parametrize("name", list(CODECS))
+def test_fast_and_reference_paths_give_the_same_tokens_on_the_golden_prompts(name):
+    """The serial goldens' prompts and sampling settings, in float32 (where the logits agree
+    within 1e-3), every layer quantized from the first token: the fast path's tokens equal
+    the reference path's."""
+    from conftest import golden
+
+    from appliance.engine.types import SamplingParams as SP
+
+    model, _ = oracle.load(oracle.model_path("tiny"), "float32")
+    for case in golden("tiny")["cases"]:
+        got = []
+        for reference in (False, True):
+            scheme = Scheme(CODECS[name](), ALL_LAYERS, reference=reference)
+            got.append([t for t, _ in generate(model, case["prompt_ids"], case["max_tokens"],
+                                               SP(**case.get("sampling", {})), 512, scheme)])
+        assert got[0] == got[1], case["name"]
