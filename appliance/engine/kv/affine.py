@@ -13,7 +13,7 @@ import json
 import mlx.core as mx
 from mlx.utils import tree_map
 
-from appliance.engine.kv.quantized import CODECS
+from appliance.engine.kv.quantized import CODECS, masked_softmax
 
 
 def on_cuda() -> bool:
@@ -63,17 +63,7 @@ class AffineCodec:
             v = tree_map(lambda x: mx.expand_dims(x, axis=-3), v)
         scores = mx.quantized_matmul(queries, *k, transpose=True, group_size=self.group_size,
                                      bits=self.key_bits)
-        if mask is not None:
-            if isinstance(mask, str):
-                qL, kL = scores.shape[-2:]
-                mask = mx.arange(kL - qL, kL)[:, None] >= mx.arange(kL)[None]
-            if n_repeats > 1 and mask.ndim > 3:
-                mask = mx.expand_dims(mask, -3)
-            if mask.dtype == mx.bool_:
-                scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
-            else:
-                scores += mask
-        scores = mx.softmax(scores, axis=-1, precise=True)
+        scores = masked_softmax(scores, mask, grouped=n_repeats > 1)
         out = mx.quantized_matmul(scores, *v, transpose=False, group_size=self.group_size,
                                   bits=self.value_bits)
         if n_repeats > 1:

@@ -35,6 +35,23 @@ class Codes(tuple):
         return obj
 
 
+def masked_softmax(scores: mx.array, mask, grouped: bool) -> mx.array:
+    """Softmax over the keys after masking as mlx-lm's quantized attention does: a "causal"
+    string, a boolean or an additive mask. `grouped`: the scores carry a query-group axis
+    (grouped-query attention) that the mask lacks."""
+    if mask is not None:
+        if isinstance(mask, str):
+            qL, kL = scores.shape[-2:]
+            mask = mx.arange(kL - qL, kL)[:, None] >= mx.arange(kL)[None]
+        if grouped and mask.ndim > 3:
+            mask = mx.expand_dims(mask, -3)
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    return mx.softmax(scores, axis=-1, precise=True)
+
+
 _original = base.quantized_scaled_dot_product_attention
 
 

@@ -23,7 +23,7 @@ import math
 import mlx.core as mx
 
 from appliance.engine.kv import turboquant_cuda
-from appliance.engine.kv.quantized import CODECS
+from appliance.engine.kv.quantized import CODECS, masked_softmax
 
 # Lloyd-Max quantizer of N(0, 1): positive centroids (Max 1960; tech-brief 1.2). For unit
 # vectors in dimension d the centroids scale by 1/sqrt(d).
@@ -212,18 +212,7 @@ class TurboCodec:
         q = q.reshape(B, n_kv_heads, r, L, D)
         k = mx.expand_dims(self._centroids(keys, "k"), 2)  # (B, Hkv, 1, T, D)
         v = mx.expand_dims(self._centroids(values, "v"), 2)
-        scores = q @ k.swapaxes(-1, -2)
-        if mask is not None:
-            if isinstance(mask, str):
-                qL, kL = scores.shape[-2:]
-                mask = mx.arange(kL - qL, kL)[:, None] >= mx.arange(kL)[None]
-            if mask.ndim > 3:
-                mask = mx.expand_dims(mask, -3)
-            if mask.dtype == mx.bool_:
-                scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
-            else:
-                scores += mask
-        p = mx.softmax(scores, axis=-1, precise=True)
+        p = masked_softmax(q @ k.swapaxes(-1, -2), mask, grouped=True)
         out = self.unrotate(p @ v).reshape(B, n_q_heads, L, D)
         return out.astype(queries.dtype)
 

@@ -13,6 +13,8 @@ import functools
 
 import mlx.core as mx
 
+from appliance.engine.kv.quantized import masked_softmax
+
 CHUNK = 256  # tokens per partial sum in the value kernel (more blocks for long rows)
 
 _SCORES = """
@@ -90,12 +92,7 @@ def attend(codec, q_rot: mx.array, keys, values, mask) -> mx.array:
         template=[("D", D), ("R", R), ("WK", kp.shape[-1]), ("BITS", kb)],
         grid=(B * H * T, 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(B, H, R, T)], output_dtypes=[mx.float32])
-    if mask is not None:
-        if mask.dtype == mx.bool_:
-            scores = mx.where(mask, scores, mx.finfo(mx.float32).min)
-        else:
-            scores = scores + mask
-    p = mx.softmax(scores, axis=-1, precise=True)
+    p = masked_softmax(scores, mask, grouped=False)  # scores (B, Hkv, R, T): no group axis
     chunks = -(-T // CHUNK)
     (part,) = values_k(
         inputs=[p, vp, vn, codec.books[vb][0]],
