@@ -53,8 +53,12 @@ def run(cfg) -> int:
     """One Hydra job: resolve the plan, then print it or serve it. Returns an exit code."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+    from omegaconf import OmegaConf
 
     hc = HydraConfig.get()
+    # the command line as typed: an override such as server.api_key='${oc.env:KEY}' stays
+    # text here (resolve() reads its value, and says so if the variable is unset)
+    task = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
     problems = [] if cfg.mode in MODES else [
         f"mode={cfg.mode!r} is not supported; valid choices: {', '.join(MODES)}"]
     if cfg.mode == "bench":
@@ -62,7 +66,7 @@ def run(cfg) -> int:
 
         problems += check(cfg.bench)
     try:
-        plan = resolve(cfg, profiles=_profiles(list(hc.overrides.task)))
+        plan = resolve(cfg, profiles=_profiles(task))
     except PlanError as e:
         problems += e.problems
     if problems:
@@ -70,19 +74,16 @@ def run(cfg) -> int:
         return 2
 
     if hc.mode == RunMode.MULTIRUN:
-        print(f"# cell {hc.job.num}: {' '.join(hc.overrides.task)}")
+        print(f"# cell {hc.job.num}: {' '.join(task)}")
     if cfg.mode == "plan":
         print(plan.to_yaml(), end="")
         return 0
     if cfg.mode == "bench":
         from pathlib import Path
 
-        from omegaconf import OmegaConf
-
         from appliance.bench import run as bench
 
-        bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir),
-              tuple(hc.overrides.task))
+        bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir), tuple(task))
         return 0
     from appliance.serve import serve
 

@@ -129,7 +129,7 @@ def test_an_engine_that_cannot_recover_says_so(fresh_engine):
     assert "injected fault" in fresh_engine.failure
 
     plan = resolve_overrides([])
-    with TestClient(create_app(plan, fresh_engine)) as c:
+    with TestClient(create_app(plan, fresh_engine), base_url="http://127.0.0.1") as c:
         h = c.get("/health")
         assert h.status_code == 503 and h.json()["status"] == "failed"
         r = c.post("/v1/completions", json={"model": plan.model.id, "prompt": "x",

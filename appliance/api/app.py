@@ -11,6 +11,7 @@ from litestar.openapi import OpenAPIConfig
 from appliance import __version__
 from appliance.api.errors import HANDLERS
 from appliance.api.routes import ROUTES
+from appliance.api.security import guard
 from appliance.engine import Engine
 from appliance.plan import ExecutionPlan
 
@@ -26,5 +27,6 @@ def create_app(plan: ExecutionPlan, engine: Engine) -> Litestar:
         route_handlers=ROUTES,
         state=state,
         exception_handlers=HANDLERS,
+        guards=[guard],
         openapi_config=OpenAPIConfig(title="appliance", version=__version__),
     )

@@ -10,7 +10,8 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 log = logging.getLogger("appliance.api")
 
-TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "not_found_error", 415: "invalid_request_error", 429: "rate_limit_error",
          500: "server_error", 503: "server_error"}
 
 

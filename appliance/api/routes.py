@@ -130,7 +130,8 @@ async def models(state: State) -> dict:
 
 @get("/v1/plan")
 async def plan(state: State) -> dict:
-    return state.plan.to_dict()
+    """Without an API key anyone on the bind can read it: no absolute paths then."""
+    return state.plan.to_dict(public=not state.plan.server.api_key)
 
 
 @get("/stats")

@@ -86,6 +86,8 @@ class ServerConfig:
     """The HTTP service and the workload's generation defaults."""
 
     host: str = "127.0.0.1"
+    api_key: str | None = None  # required on every endpoint but /health; e.g. ${oc.env:KEY}
+    allow_unauthenticated: bool = False  # serve a non-loopback host without a key anyway
     port: int = 8080
     max_context: int | None = None  # prompt + completion tokens; None: the model's limit
     default_max_tokens: int = 512  # when a request gives no max_tokens (mlx-lm server's default)

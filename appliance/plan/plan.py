@@ -65,10 +65,16 @@ class CachePlan:
     ssd_path: str | None  # the root; entries live under <root>/<fingerprint>/
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a bind address (or a Host header's name) is this machine only."""
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
 @dataclass(frozen=True)
 class ServerPlan:
     host: str
     port: int
+    api_key: str | None = field(repr=False)  # never shown: to_dict says only whether set
     max_context: int  # prompt + completion tokens per request
     default_max_tokens: int
     default_temperature: float
@@ -112,8 +118,17 @@ class ExecutionPlan:
     notes: tuple[str, ...] = ()  # facts worth a look that are not errors
     fingerprint: str = field(default="")
 
-    def to_dict(self) -> dict:
+    def to_dict(self, public: bool = False) -> dict:
+        """The plan as data; the API key only as set or not. `public`: also without
+        absolute paths (what an unauthenticated /v1/plan shows)."""
         d = asdict(self)
+        d["server"]["api_key"] = "<set>" if self.server.api_key else None
+        if public:
+            from pathlib import Path
+
+            d["model"]["path"] = Path(d["model"]["path"]).name
+            if d["cache"]["ssd_path"]:
+                d["cache"]["ssd_path"] = Path(d["cache"]["ssd_path"]).name
         return {"fingerprint": d.pop("fingerprint"), **d}
 
     def to_yaml(self) -> str:

@@ -23,6 +23,7 @@ from appliance.plan.plan import (
     ModelPlan,
     ServerPlan,
     fingerprint,
+    is_loopback,
 )
 from appliance.plan.sizes import parse_size
 
@@ -177,6 +178,17 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
             kv_budget = parse_size(b.kv_budget)
         except ValueError as e:
             problems.append(f"batch.kv_budget: {e}")
+    try:  # e.g. server.api_key='${oc.env:APPLIANCE_API_KEY}' with the variable unset
+        api_key = srv.api_key
+    except Exception as e:
+        problems.append(f"server.api_key: {str(e).splitlines()[0]}")
+        api_key = None
+    if api_key is not None and not str(api_key).strip():
+        problems.append("server.api_key is empty; set a key, or leave it null")
+    if not is_loopback(srv.host) and not api_key and not srv.allow_unauthenticated:
+        problems.append(f"server.host={srv.host} serves beyond this machine without a key; set "
+                        "server.api_key (e.g. server.api_key='${oc.env:APPLIANCE_API_KEY}'), "
+                        "or say server.allow_unauthenticated=true")
     if not 0 < srv.port < 65536:
         problems.append(f"server.port={srv.port} must be in 1..65535")
     if srv.default_max_tokens < 1:
@@ -266,7 +278,8 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     if problems:
         raise PlanError(problems)
 
-    server = ServerPlan(host=srv.host, port=srv.port, max_context=max_ctx,
+    server = ServerPlan(host=srv.host, port=srv.port, api_key=api_key or None,
+                        max_context=max_ctx,
                         default_max_tokens=srv.default_max_tokens,
                         default_temperature=srv.default_temperature,
                         default_top_p=srv.default_top_p, log_level=srv.log_level)
