@@ -195,3 +195,14 @@ def test_turboquant_hadamard_needs_a_power_of_two_head_and_mla_stays_native():
     assert resolve_kv(kv, replace(info, architecture="deepseek_v3"), "bfloat16", "cpu", 4096,
                       problems) is None
     assert "MLA latent" in problems[0] and "valid choices: kv=native" in problems[0]
+
+
+def test_a_kv_field_the_scheme_does_not_read_is_refused():
+    for overrides, field in ((["kv.start=5"], "kv.start=5"),
+                             (["kv=k8v4", "kv.rotation=orthogonal"], "kv.rotation=orthogonal"),
+                             (["kv=turboquant", "kv.group_size=32"], "kv.group_size=32")):
+        with pytest.raises(PlanError, match=f"{field} has no meaning"):
+            resolve_overrides(overrides)
+    rows = resolve_overrides(["kv=turboquant", "kv.rotation=orthogonal"])
+    assert set(rows.memory.rows_at_max_context) == {"native", "affine8", "k8v4", "affine4",
+                                                     "turboquant"}

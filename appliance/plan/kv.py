@@ -30,6 +30,13 @@ OPTIONS = {
     "affine4": {"scheme": "affine", "key_bits": 4, "value_bits": 4},
     "turboquant": {"scheme": "turboquant", "key_bits": 4, "value_bits": 4},
 }
+# The schema's defaults: a field left at its default is not "set".
+UNSET = {"key_bits": None, "value_bits": None, "group_size": 64, "start": 0,
+         "keep_layers": None, "rotation": "hadamard", "rotation_seed": 0}
+# Fields each scheme does not read (another one does).
+UNUSED = {"native": ("key_bits", "value_bits", "group_size", "start", "keep_layers",
+                     "rotation", "rotation_seed"),
+          "affine": ("rotation", "rotation_seed"), "turboquant": ("group_size",)}
 MLA_ARCHITECTURES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe_lite", "minicpm3")
 
 
@@ -95,11 +102,12 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
     if kv.scheme != "native" and kv.start > max_context:
         problems.append(f"kv.start={kv.start} is larger than server.max_context={max_context}:"
                         " no row would ever be quantized; lower kv.start or use kv=native")
+    for f in UNUSED[kv.scheme]:  # set away from its default: refused, never ignored
+        if getattr(kv, f) != UNSET[f]:
+            problems.append(f"kv.{f}={getattr(kv, f)} has no meaning with kv.scheme="
+                            f"{kv.scheme}; it is read by "
+                            f"{', '.join(k for k, v in UNUSED.items() if f not in v)}")
     if kv.scheme == "native":
-        for f in ("key_bits", "value_bits"):
-            if getattr(kv, f) is not None:
-                problems.append(f"kv.{f}={getattr(kv, f)} has no meaning with kv=native; "
-                                "valid choices: kv=affine8|affine4|k8v4|turboquant")
         native = 2 * width * len(full)
         return None if len(problems) > n_problems else KVPlan(
             scheme="native", dtype=dtype, key_bits=None, value_bits=None, group_size=None,

@@ -10,7 +10,7 @@ from typing import Any
 
 from appliance import _blas
 from appliance.plan.errors import PlanError
-from appliance.plan.kv import OPTIONS, check_scheme, resolve_kv
+from appliance.plan.kv import OPTIONS, UNSET, UNUSED, check_scheme, resolve_kv
 from appliance.plan.machine import GiB, detect
 from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo, inspect_config, inspect_model
 from appliance.plan.plan import (
@@ -113,7 +113,9 @@ def _rows_per_option(info: ModelInfo, dtype: str, backend: str, kv: Any, budget:
     group size as this plan), so a user sees what switching kv= buys before trying it."""
     out = {}
     for name, fields in OPTIONS.items():
-        p = resolve_kv(type("KV", (), {**_fields(kv), **fields})(), info, dtype, backend,
+        mine = {k: v for k, v in _fields(kv).items()  # what this option's scheme reads
+                if k not in UNUSED[fields["scheme"]]}
+        p = resolve_kv(type("KV", (), {**UNSET, **mine, **fields})(), info, dtype, backend,
                        max_ctx, [])
         if p is not None and p.bytes_per_token:
             out[name] = max(0, budget) // (p.bytes_per_token * max_ctx)
