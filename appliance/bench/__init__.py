@@ -99,7 +99,8 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
     path = model_dir(plan)
     doc = {"label": report.label(plan, cfg), "workload": cfg.workload}
     if cfg.workload == "kv":  # random token ids: no tokenizer
-        from appliance.bench.kv import kv_line, kv_text, run_kv
+        from appliance.bench.kv import run_kv
+        from appliance.bench.report import kv_line, kv_text
 
         doc["target"] = {"kind": kind, "model": str(path)}
         doc["result"] = run_kv(plan, cfg, path, overrides)

@@ -25,7 +25,6 @@ All MLX work runs on one new stream of the default device, as on the engine thre
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import random
@@ -103,16 +102,6 @@ def scheme_name(kv) -> str:
     return "-".join([kv.scheme, *bits])
 
 
-def kv_shape(plan: ExecutionPlan, recurrent: int = 0) -> KVShape:
-    """The shape the engine's admission uses for this plan (as build_engine makes it)."""
-    known = {f.name for f in dataclasses.fields(KVShape)}
-    extra = {"native_per_token": plan.kv.native_bytes_per_token, "start": plan.kv.start}
-    return KVShape(full_per_token=plan.kv.bytes_per_token,
-                   sliding_per_token=plan.kv.sliding_bytes_per_token,
-                   window=plan.model.sliding_window or 0, recurrent=recurrent,
-                   **{k: v for k, v in extra.items() if k in known})
-
-
 def budget_bytes(plan: ExecutionPlan, cfg) -> int:
     from appliance.plan.sizes import parse_size
 
@@ -127,8 +116,8 @@ def admitted_rows(budget: int, shape: KVShape, context: int) -> int:
     cost = b.cost(context, 0)
     if cost <= 0:
         raise ValueError(f"a row of {context} tokens costs {cost} bytes: rows are unbounded")
-    if budget // cost > ARITHMETIC_ROWS:
-        return budget // cost  # what the loop below would count, without its n^2 sums
+    if b.room // cost > ARITHMETIC_ROWS:
+        return b.room // cost  # what the loop below would count, without its n^2 sums
     n = 0
     while b.try_admit(n, context, 0):
         n += 1
@@ -138,9 +127,9 @@ def admitted_rows(budget: int, shape: KVShape, context: int) -> int:
 def _capacity(plans: dict, budget: int, contexts: list[int], recurrent: int) -> list[dict]:
     rows = []
     for c in contexts:
-        anchor = admitted_rows(budget, kv_shape(plans[ANCHOR], recurrent), c)
+        anchor = admitted_rows(budget, KVShape.for_plan(plans[ANCHOR], recurrent), c)
         for name, p in plans.items():
-            shape = kv_shape(p, recurrent)
+            shape = KVShape.for_plan(p, recurrent)
             n = admitted_rows(budget, shape, c)
             rows.append({"scheme": name, "context": c, "row_bytes": shape.row_bytes(c),
                          "rows": n, "ratio_to_native": round(n / anchor, 3) if anchor else None})
@@ -220,7 +209,7 @@ def batched_decode(model, plan: ExecutionPlan, rows: int, context: int, n: int, 
             decoded[e.uid] += 1
     memory = _memory(mx, base)
     prefill_s = time.perf_counter() - t0
-    shape = kv_shape(plan, recurrent)
+    shape = KVShape.for_plan(plan, recurrent)
     memory["kv_bytes_predicted"] = sum(shape.row_bytes(context + k) for k in decoded.values())
     memory["kv_bytes_held"] = step.nbytes  # the layouts' arrays (growth slack included)
 
@@ -269,7 +258,7 @@ def check_fits(plans: dict, cfg) -> list[str]:
     """Runs whose native KV alone would exceed the memory left after the weights."""
     anchor = plans[ANCHOR]
     room = anchor.memory.kv_and_cache_bytes
-    shape = kv_shape(anchor)
+    shape = KVShape.for_plan(anchor)
     ticks = cfg.decode_tokens * cfg.repeats
     problems = []
     for rows, context in [(b, cfg.kv_context) for b in cfg.kv_batches] + \
@@ -340,64 +329,3 @@ def run_kv(plan: ExecutionPlan, cfg, path: Path, overrides: list[str]) -> dict:
         "plan_rows_at_max_context": dict(plan.memory.rows_at_max_context),
         "max_context": plan.server.max_context,
     }
-
-
-# -- the report -------------------------------------------------------------------------
-def _mib(x) -> str:
-    return "-" if x is None else f"{x / 2**20:.1f}"
-
-
-def kv_text(doc: dict) -> str:
-    from appliance.bench.report import _fmt, _heading, _table
-
-    r = doc["result"]
-    cap_contexts = sorted({c["context"] for c in r["capacity"]})
-    bpt = {s["name"]: s["bytes_per_token"] for s in r["schemes"]}
-    header = ["scheme", "bytes/token"]
-    for c in cap_contexts:
-        header += [f"rows @{c}", "x native"]
-    rows = []
-    for s in r["schemes"]:
-        row = [s["name"], str(bpt[s["name"]])]
-        for c in cap_contexts:
-            cell = next(x for x in r["capacity"] if x["scheme"] == s["name"] and x["context"] == c)
-            row += [str(cell["rows"]), _fmt(cell["ratio_to_native"], 3)]
-        rows.append(row)
-    cap = _table(header, rows)
-    header = ["scheme", "B", "context", "tok/s (median)", "runs", "x native", "KV plan MiB",
-              "KV held MiB", "active MiB", "cache MiB", "peak MiB", "prefill s"]
-    dec = _table(header, [[x["scheme"], str(x["batch"]), str(x["context"]),
-                           _fmt(x["tok_s_median"]), " ".join(_fmt(v) for v in x["runs"]),
-                           _fmt(x["ratio_to_native"], 3),
-                           _mib(x["memory"]["kv_bytes_predicted"]),
-                           _mib(x["memory"]["kv_bytes_held"]),
-                           _mib(x["memory"]["active_bytes"]), _mib(x["memory"]["cache_bytes"]),
-                           _mib(x["memory"]["peak_bytes"]), _fmt(x["prefill_s"], 2)]
-                          for x in r["decode"]])
-    header = ["scheme", "path", "context", "tok/s (median)", "runs", "x native"]
-    sh = _table(header, [[x["scheme"], x["path"], str(x["context"]), _fmt(x["tok_s_median"]),
-                          " ".join(_fmt(v) for v in x["runs"]), _fmt(x["ratio_to_native"], 3)]
-                         for x in r["short"]])
-    return "\n".join([
-        _heading(doc),
-        f"# kv={r['scheme']} against kv={r['anchor']}, same run | capacity at a fixed budget "
-        f"of {r['kv_budget_bytes']:,} bytes (Budget.try_admit, rows of c tokens)", cap,
-        f"# decode: B rows, {r['decode_tokens']} ticks x {r['repeats']} spans after prefill and "
-        f"{r['warmup_ticks']} warm-up ticks; tok/s = B*ticks/s; memory after prefill", dec,
-        "# short rows: B=1 (solo: runner.Decoder, a lone request's path; batched: BatchStep)",
-        sh])
-
-
-def kv_line(doc: dict, path: Path) -> str:
-    from appliance.bench.report import _fmt
-
-    r, name = doc["result"], doc["result"]["scheme"]
-    mine = [x for x in r["capacity"] if x["scheme"] == name]
-    cap = " ".join(f"rows@{x['context']}={x['rows']}(x{x['ratio_to_native']:.2f})" for x in mine)
-    dec = " ".join(f"B{x['batch']}={_fmt(x['tok_s_median'])}tok/s(x{x['ratio_to_native']:.2f})"
-                   for x in r["decode"] if x["scheme"] == name)
-    sh = " ".join(f"short_{x['path']}={_fmt(x['tok_s_median'])}tok/s"
-                  f"(x{x['ratio_to_native']:.2f})" for x in r["short"] if x["scheme"] == name)
-    return (f"BENCH kv scheme={name} anchor={r['anchor']} "
-            f"dtype={doc['label']['model']['dtype']} context={doc['label']['bench']['kv_context']}"
-            f" | {cap} | {dec} | {sh} | {path}")

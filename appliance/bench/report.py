@@ -135,3 +135,61 @@ def decode_line(doc: dict, path: Path) -> str:
                      f"(x{c['ratio_to_mlx_lm']:.2f})" for c in doc["result"]["contenders"])
     return (f"BENCH decode target={doc['target']['kind']} batch={b['mode']} "
             f"dtype={doc['label']['model']['dtype']} | {parts} | {path}")
+
+
+def _mib(x) -> str:
+    return "-" if x is None else f"{x / 2**20:.1f}"
+
+
+def kv_text(doc: dict) -> str:
+    r = doc["result"]
+    cap_contexts = sorted({c["context"] for c in r["capacity"]})
+    bpt = {s["name"]: s["bytes_per_token"] for s in r["schemes"]}
+    header = ["scheme", "bytes/token"]
+    for c in cap_contexts:
+        header += [f"rows @{c}", "x native"]
+    rows = []
+    for s in r["schemes"]:
+        row = [s["name"], str(bpt[s["name"]])]
+        for c in cap_contexts:
+            cell = next(x for x in r["capacity"] if x["scheme"] == s["name"] and x["context"] == c)
+            row += [str(cell["rows"]), _fmt(cell["ratio_to_native"], 3)]
+        rows.append(row)
+    cap = _table(header, rows)
+    header = ["scheme", "B", "context", "tok/s (median)", "runs", "x native", "KV plan MiB",
+              "KV held MiB", "active MiB", "cache MiB", "peak MiB", "prefill s"]
+    dec = _table(header, [[x["scheme"], str(x["batch"]), str(x["context"]),
+                           _fmt(x["tok_s_median"]), " ".join(_fmt(v) for v in x["runs"]),
+                           _fmt(x["ratio_to_native"], 3),
+                           _mib(x["memory"]["kv_bytes_predicted"]),
+                           _mib(x["memory"]["kv_bytes_held"]),
+                           _mib(x["memory"]["active_bytes"]), _mib(x["memory"]["cache_bytes"]),
+                           _mib(x["memory"]["peak_bytes"]), _fmt(x["prefill_s"], 2)]
+                          for x in r["decode"]])
+    header = ["scheme", "path", "context", "tok/s (median)", "runs", "x native"]
+    sh = _table(header, [[x["scheme"], x["path"], str(x["context"]), _fmt(x["tok_s_median"]),
+                          " ".join(_fmt(v) for v in x["runs"]), _fmt(x["ratio_to_native"], 3)]
+                         for x in r["short"]])
+    return "\n".join([
+        _heading(doc),
+        f"# kv={r['scheme']} against kv={r['anchor']}, same run | capacity at a fixed budget "
+        f"of {r['kv_budget_bytes']:,} bytes (Budget.try_admit, rows of c tokens)", cap,
+        f"# decode: B rows, {r['decode_tokens']} ticks x {r['repeats']} spans after prefill and "
+        f"{r['warmup_ticks']} warm-up ticks; tok/s = B*ticks/s; memory after prefill", dec,
+        "# short rows: B=1 (solo: runner.Decoder, a lone request's path; batched: BatchStep)",
+        sh])
+
+
+def kv_line(doc: dict, path: Path) -> str:
+    from appliance.bench.report import _fmt
+
+    r, name = doc["result"], doc["result"]["scheme"]
+    mine = [x for x in r["capacity"] if x["scheme"] == name]
+    cap = " ".join(f"rows@{x['context']}={x['rows']}(x{x['ratio_to_native']:.2f})" for x in mine)
+    dec = " ".join(f"B{x['batch']}={_fmt(x['tok_s_median'])}tok/s(x{x['ratio_to_native']:.2f})"
+                   for x in r["decode"] if x["scheme"] == name)
+    sh = " ".join(f"short_{x['path']}={_fmt(x['tok_s_median'])}tok/s"
+                  f"(x{x['ratio_to_native']:.2f})" for x in r["short"] if x["scheme"] == name)
+    return (f"BENCH kv scheme={name} anchor={r['anchor']} "
+            f"dtype={doc['label']['model']['dtype']} context={doc['label']['bench']['kv_context']}"
+            f" | {cap} | {dec} | {sh} | {path}")

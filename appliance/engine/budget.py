@@ -26,6 +26,16 @@ class KVShape:
                 + self.sliding_per_token * min(tokens, self.window)
                 + self.recurrent)
 
+    @classmethod
+    def for_plan(cls, plan, recurrent: int = 0) -> KVShape:
+        """The shape admission uses for an ExecutionPlan (recurrent bytes are measured on
+        the loaded model, so the caller passes them)."""
+        kv = plan.kv
+        return cls(full_per_token=kv.bytes_per_token,
+                   sliding_per_token=kv.sliding_bytes_per_token,
+                   window=plan.model.sliding_window or 0, recurrent=recurrent,
+                   native_per_token=kv.native_bytes_per_token, start=kv.start)
+
     @property
     def lone_row_extra(self) -> int:
         """What a lone row may hold beyond its encoded bytes: its first `start` tokens stay

@@ -24,11 +24,7 @@ def build_engine(plan: ExecutionPlan) -> Engine:
     from appliance.engine import runner
 
     m, b = plan.model, plan.batch
-    budget = Budget(b.kv_budget_bytes, KVShape(
-        full_per_token=plan.kv.bytes_per_token,
-        sliding_per_token=plan.kv.sliding_bytes_per_token,
-        window=m.sliding_window or 0, recurrent=0,
-        native_per_token=plan.kv.native_bytes_per_token, start=plan.kv.start))
+    budget = Budget(b.kv_budget_bytes, KVShape.for_plan(plan))
 
     def load():
         from appliance.models import materialize
