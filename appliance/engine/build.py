@@ -32,7 +32,7 @@ def build_engine(plan: ExecutionPlan) -> Engine:
         path = m.path if m.source == "hf" else str(materialize(m))
         return runner.load(path, m.dtype, m.revision)
 
-    def make_scheduler(model, eos_ids, stream):
+    def make_scheduler(model, eos_ids, _stream):  # the engine thread runs on it
         from appliance.engine.kv import Scheme
 
         budget.shape = KVShape(**{**budget.shape.__dict__, "recurrent": _recurrent_bytes(model)})
@@ -52,7 +52,7 @@ def build_engine(plan: ExecutionPlan) -> Engine:
                 ram=RamTier(c.ram_bytes) if c.kind in ("ram", "tiered") else None,
                 ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint)
                 if c.kind in ("ssd", "tiered") else None)
-        return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget, stream,
+        return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget,
                                    prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes,
                                    scheme=scheme, prefill_rows=b.prefill_rows)
 

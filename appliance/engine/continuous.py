@@ -43,7 +43,7 @@ class Row:
 
 class ContinuousScheduler:
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
-                 budget: Budget, stream=None, prefix: PrefixCache | None = None,
+                 budget: Budget, prefix: PrefixCache | None = None,
                  ceiling: int | None = None, scheme: Scheme | None = None,
                  prefill_rows: int = 1):
         """`prefix`: the prefix cache, if any; its RAM tier trims itself to `ceiling` minus
@@ -51,7 +51,7 @@ class ContinuousScheduler:
         memory ceiling for all three)."""
         self.model, self.eos_ids = model, eos_ids
         self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
-        self.budget, self.stream = budget, stream
+        self.budget = budget  # (MLX work runs on the engine thread's own stream)
         self.prefix, self.ceiling = prefix, ceiling
         self.scheme = scheme or Scheme()
         self.prefill_rows = prefill_rows
