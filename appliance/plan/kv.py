@@ -23,13 +23,21 @@ AFFINE_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
 GROUP_SIZES = (32, 64, 128)
 BOUNDARY = 2  # attention layers kept native at each end of a dense model
 # The conf/kv/ options, for the plan's per-option capacity table.
-OPTIONS = {
-    "native": {"scheme": "native", "key_bits": None, "value_bits": None},
-    "affine8": {"scheme": "affine", "key_bits": 8, "value_bits": 8},
-    "k8v4": {"scheme": "affine", "key_bits": 8, "value_bits": 4},
-    "affine4": {"scheme": "affine", "key_bits": 4, "value_bits": 4},
-    "turboquant": {"scheme": "turboquant", "key_bits": 4, "value_bits": 4},
-}
+def _options() -> dict:
+    """conf/kv/<option>.yaml's scheme and bits (what sets one option apart), native first."""
+    import yaml
+
+    from appliance.config.hydra_setup import conf_dir
+
+    out = {}
+    for f in sorted((conf_dir() / "kv").glob("*.yaml"), key=lambda f: (f.stem != "native", f.stem)):
+        d = yaml.safe_load(f.read_text()) or {}
+        out[f.stem] = {"scheme": d.get("scheme", "native"), "key_bits": d.get("key_bits"),
+                       "value_bits": d.get("value_bits")}
+    return out
+
+
+OPTIONS = _options()
 # The schema's defaults: a field left at its default is not "set".
 UNSET = {"key_bits": None, "value_bits": None, "group_size": 64, "start": 0,
          "keep_layers": None, "rotation": "hadamard", "rotation_seed": 0}
