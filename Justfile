@@ -31,3 +31,15 @@ goldens:
 # retrain the embedded model (see docs/embedded-model.md)
 train-tiny *ARGS:
     python -m appliance.embedded.train {{ARGS}}
+
+# retrain the embedded model's MTP head -> appliance/embedded/tiny/mtp.safetensors
+train-mtp *ARGS:
+    python -m appliance.embedded.train_spec mtp {{ARGS}}
+
+# retrain the embedded draft model -> appliance/embedded/draft/
+train-draft *ARGS:
+    python -m appliance.embedded.train_spec draft {{ARGS}}
+
+# greedy acceptance of both drafters on held-out code (see docs/embedded-model.md)
+spec-accept *ARGS:
+    python -m appliance.embedded.train_spec accept {{ARGS}}

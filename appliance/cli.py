@@ -87,8 +87,7 @@ def run(cfg) -> int:
         return 0
     from appliance.serve import serve
 
-    serve(plan)
-    return 0
+    return serve(plan)  # 0, or EXIT_ENGINE_FAILED for a supervisor to restart it
 
 
 def main() -> None:

@@ -1,7 +1,17 @@
-"""mode=serve: build the engine the plan describes and serve it with uvicorn (one worker)."""
+"""mode=serve: build the engine the plan describes and serve it with uvicorn (one worker).
+
+Stopping (SIGTERM, Ctrl-C): the listening socket closes at once; requests in flight, queued
+ones included, get `server.drain_seconds` to finish. Then the engine ends what is left with
+an error saying the server is shutting down (a stream gets an error event and `[DONE]`, a
+plain request a 503), and the process exits 0.
+
+A failed engine (it cannot go on: `/health` answers 503) stops the server the same way, and
+the process exits EXIT_ENGINE_FAILED for its supervisor to restart it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 
@@ -9,8 +19,52 @@ from appliance.plan import ExecutionPlan
 
 log = logging.getLogger("appliance")
 
+EXIT_ENGINE_FAILED = 3  # 2 is a plan error
+GRACE_SECONDS = 5.0  # after the drain: for the last events to reach their clients
 
-def serve(plan: ExecutionPlan) -> None:
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn, plus the drain and a watch on the engine's health."""
+
+        def __init__(self, config, engine, drain_seconds: float):
+            super().__init__(config)
+            self.engine, self.drain_seconds = engine, drain_seconds
+            self.engine_failed = False
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.engine.failure is not None and not self.engine_failed:
+                self.engine_failed = True
+                log.error("the engine has failed (%s); stopping with exit code %d",
+                          self.engine.failure, EXIT_ENGINE_FAILED)
+                self.should_exit = True
+            return await super().on_tick(counter)
+
+        async def shutdown(self, sockets=None) -> None:
+            loop = asyncio.get_running_loop()
+            timer = loop.call_later(self.drain_seconds, self._end_the_rest, loop)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+        def _end_the_rest(self, loop) -> None:
+            if self.server_state.connections:
+                log.warning("drain time (server.drain_seconds=%g) is up: ending %d "
+                            "connection(s)' requests", self.drain_seconds,
+                            len(self.server_state.connections))
+            # stop() waits for the engine thread (and the SSD tier's writes): not on the loop
+            from appliance.api.errors import SHUTTING_DOWN
+
+            loop.run_in_executor(None, self.engine.stop, SHUTTING_DOWN)
+
+    return Server
+
+
+def serve(plan: ExecutionPlan) -> int:
+    """Serve until stopped; returns the exit code (0, or EXIT_ENGINE_FAILED)."""
     import uvicorn
 
     from appliance.api import create_app
@@ -24,13 +78,19 @@ def serve(plan: ExecutionPlan) -> None:
     # finishes its pending writes. Ours only notes it: the `finally` below then runs.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: log.info("stopping (%s)", signal.Signals(signum).name))
+    server = None
     try:
         app = create_app(plan, engine)
         log.info("serving on http://%s:%d/v1", plan.server.host, plan.server.port)
-        uvicorn.run(app, host=plan.server.host, port=plan.server.port,
-                    log_level=plan.server.log_level, workers=1, timeout_graceful_shutdown=10)
+        config = uvicorn.Config(app, host=plan.server.host, port=plan.server.port,
+                                log_level=plan.server.log_level, workers=1,
+                                timeout_graceful_shutdown=plan.server.drain_seconds
+                                + GRACE_SECONDS)
+        server = _server_class()(config, engine, plan.server.drain_seconds)
+        server.run()
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second signal: stop now
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         engine.stop()
         log.info("stopped")
+    return EXIT_ENGINE_FAILED if server.engine_failed else 0

@@ -33,16 +33,40 @@ def resolve_overrides(overrides: list[str] | None = None):
 
 
 def golden(name: str) -> dict:
-    """goldens/<this backend>/<name>.json; skip (not fail) where no layer exists for it yet."""
+    """goldens/<this backend>/<name>.json; skip (not fail) the calling test where no layer
+    exists for it yet. Call it inside a test or fixture, never at import: a backend without
+    goldens (Metal) still runs the tests that compare against live mlx-lm."""
     import json
 
     from appliance import oracle
 
     path = oracle.golden_path(name)
     if not path.exists():
-        pytest.skip(f"no goldens for backend {oracle.backend()!r}: run `just goldens`",
-                    allow_module_level=True)
+        pytest.skip(f"no goldens for backend {oracle.backend()!r}: run `just goldens`")
     return json.loads(path.read_text())
+
+
+def golden_cases(name: str = "tiny") -> dict[str, dict]:
+    """The golden cases of `name` by case name (skips the test without goldens)."""
+    return {c["name"]: c for c in golden(name)["cases"]}
+
+
+def pytest_generate_tests(metafunc):
+    """`loaded` runs over the module's MODELS (default: oracle.BATCH_MODELS)."""
+    if "loaded" in metafunc.fixturenames and not hasattr(metafunc.module, "loaded"):
+        from appliance import oracle
+
+        names = getattr(metafunc.module, "MODELS", oracle.BATCH_MODELS)
+        metafunc.parametrize("loaded", names, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def loaded(request):
+    """(name, model, tokenizer): a test model in float32, one per name in MODELS."""
+    from appliance import oracle
+
+    model, tok = oracle.load(oracle.model_path(request.param), "float32")
+    return request.param, model, tok
 
 
 def free_port() -> int:

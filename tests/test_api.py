@@ -9,12 +9,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import golden
+from conftest import golden_cases
 
 from appliance import oracle
 
-GOLDEN = golden("tiny")
-CASES = {c["name"]: c for c in GOLDEN["cases"]}
+NAMES = [c["name"] for c in oracle.CASES]  # goldens are read per test (golden_cases)
 
 
 def _sampling(case):
@@ -23,10 +22,10 @@ def _sampling(case):
     return s, extra
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("stream", [False, True])
 def test_served_text_equals_the_oracle(client, plan, engine, name, stream):
-    case = CASES[name]
+    case = golden_cases()[name]
     s, extra = _sampling(case)
     kw = dict(model=plan.model.id, max_tokens=case["max_tokens"], stream=stream,
               extra_body=extra or None, **s)
@@ -57,7 +56,7 @@ def test_served_text_equals_the_oracle(client, plan, engine, name, stream):
 
 
 def test_stop_sequences_cut_the_text(client, plan, engine):
-    case = CASES["class-greedy"]
+    case = golden_cases()["class-greedy"]
     full = engine.tokenizer.decode(case["tokens"])
     stop = full[5:8]  # somewhere inside the greedy continuation
     for stream in (False, True):

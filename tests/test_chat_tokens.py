@@ -50,8 +50,8 @@ class Encodes:
         return getattr(self._tok, name)
 
 
-def _reference(tok, msgs) -> list[int]:
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+def _reference(tok, msgs, tools=None) -> list[int]:
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, tools=tools)
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
@@ -97,4 +97,4 @@ def test_checkpoints_are_the_message_ends(tools):
     ids, ends = rq._chat_ids(tok, msgs, tools, text)
     expected = [len(tok.apply_chat_template(msgs[:k], tools=tools, tokenize=True,
                                             add_generation_prompt=False)) for k in range(1, 4)]
-    assert list(ends) == expected and ids == _reference(tok, msgs)
+    assert list(ends) == expected and ids == _reference(tok, msgs, tools)

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from appliance import oracle, quality
+from appliance import quality
 from appliance.engine.kv import Scheme
 from appliance.plan import PlanError
 
@@ -34,20 +34,18 @@ HELDOUT_3_11 = ["asyncio/events.py", "curses/ascii.py", "distutils/__init__.py",
                 "functools.py", "graphlib.py", "multiprocessing/popen_forkserver.py"]
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    return oracle.load(oracle.model_path("tiny"), "float32")
+MODELS = ("tiny",)  # the `loaded` fixture runs over these
 
 
 @pytest.fixture(scope="module")
 def model(loaded):
-    return loaded[0]
+    return loaded[1]
 
 
 @pytest.fixture(scope="module")
 def ref(loaded):
     """Native's run over the windows, computed once."""
-    model, tok = loaded
+    _, model, tok = loaded
     rows = quality.heldout_windows(tok, WINDOWS, CONTEXT + TEACHER + 1)
     return quality.reference(model, rows, CONTEXT)
 

@@ -21,9 +21,7 @@ from appliance.engine.ssd_tier import SsdTier
 FP = "fp_test"
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-qwen3-next"])
-def loaded(request):
-    return oracle.load(oracle.model_path(request.param), "float32")
+MODELS = ("tiny", "tiny-qwen3-next")  # the `loaded` fixture runs over these
 
 
 def _process(model, tok, root, fingerprint=FP, ram=True, ceiling=None, scheme=None):
@@ -56,7 +54,7 @@ def _cold(model, tok, req, tmp_path, scheme=None):
 
 
 def test_prefixes_survive_a_restart(loaded, tmp_path):
-    model, tok = loaded
+    _, model, tok = loaded
     first, second = _reqs(tok)
     a = _process(model, tok, tmp_path)
     _run(a, first)
@@ -83,7 +81,7 @@ def test_encoded_prefixes_survive_a_restart_and_equal_a_cold_run(loaded, tmp_pat
     from appliance.engine.kv.quantized import QuantRowCache
     from appliance.engine.kv.turboquant import TurboCodec
 
-    model, tok = loaded
+    _, model, tok = loaded
     layers = make_prompt_cache(model)
     full = tuple(i for i, c in enumerate(layers) if type(c) is KVCache)
     model(mx.array([[1]]), cache=layers)
@@ -122,7 +120,7 @@ def test_writes_wait_for_a_quiet_engine_and_count_as_backlog(loaded, tmp_path, m
     import appliance.engine.ssd_tier as ssd_mod
 
     monkeypatch.setattr(ssd_mod, "MAX_DEFER_S", 3600.0)
-    model, tok = loaded
+    _, model, tok = loaded
     first, _ = _reqs(tok)
     s = _process(model, tok, tmp_path, ram=False)
     ssd = s.prefix.ssd
@@ -145,7 +143,7 @@ def test_no_write_starts_while_a_step_runs(loaded, tmp_path, monkeypatch):
     import appliance.engine.ssd_tier as ssd_mod
 
     monkeypatch.setattr(ssd_mod, "MAX_DEFER_S", 3600.0)
-    model, tok = loaded
+    _, model, tok = loaded
     first, second = _reqs(tok)
     s = _process(model, tok, tmp_path, ram=False)
     ssd = s.prefix.ssd
@@ -172,7 +170,7 @@ def test_closing_writes_what_a_busy_engine_deferred(loaded, tmp_path, monkeypatc
     import appliance.engine.ssd_tier as ssd_mod
 
     monkeypatch.setattr(ssd_mod, "MAX_DEFER_S", 3600.0)
-    model, tok = loaded
+    _, model, tok = loaded
     first, _ = _reqs(tok)
     s = _process(model, tok, tmp_path, ram=False)
     _run(s, first)
@@ -182,7 +180,7 @@ def test_closing_writes_what_a_busy_engine_deferred(loaded, tmp_path, monkeypatc
 
 
 def test_another_fingerprint_never_restores(loaded, tmp_path, caplog):
-    model, tok = loaded
+    _, model, tok = loaded
     first, second = _reqs(tok)
     a = _process(model, tok, tmp_path)
     _run(a, first)
@@ -197,7 +195,7 @@ def test_another_fingerprint_never_restores(loaded, tmp_path, caplog):
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_corrupt_blobs_are_dropped_with_a_warning(loaded, tmp_path, caplog, damage):
-    model, tok = loaded
+    _, model, tok = loaded
     first, second = _reqs(tok)
     a = _process(model, tok, tmp_path)
     _run(a, first)
@@ -226,7 +224,7 @@ def test_corrupt_blobs_are_dropped_with_a_warning(loaded, tmp_path, caplog, dama
 
 
 def test_unusable_directory_disables_the_tier(loaded, tmp_path, caplog):
-    model, tok = loaded
+    _, model, tok = loaded
     first, _ = _reqs(tok)
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the cache directory should be")
@@ -238,7 +236,7 @@ def test_unusable_directory_disables_the_tier(loaded, tmp_path, caplog):
 
 
 def test_full_disk_disables_the_tier(loaded, tmp_path, caplog, monkeypatch):
-    model, tok = loaded
+    _, model, tok = loaded
     first, second = _reqs(tok)
     import appliance.engine.ssd_tier as ssd_mod
 
@@ -259,7 +257,7 @@ def test_a_write_that_hits_a_full_device_disables_the_tier(loaded, tmp_path, cap
     """The blob's temporary file is /dev/full: MLX's own write fails, as on a full disk."""
     from appliance.engine.ssd_tier import _key
 
-    model, tok = loaded
+    _, model, tok = loaded
     first, _ = _reqs(tok)
     s = _process(model, tok, tmp_path)
     blobs = s.prefix.ssd.dir / "blobs"
@@ -303,7 +301,7 @@ def test_a_foreign_blob_with_a_consistent_index_row_is_not_served(loaded, tmp_pa
     matches): its metadata names the other fingerprint, and it is dropped."""
     from appliance.engine.ssd_tier import checksums
 
-    model, tok = loaded
+    _, model, tok = loaded
     first, second = _reqs(tok)
     for fp in (FP, "fp_other"):
         s = _process(model, tok, tmp_path, fingerprint=fp)
@@ -496,7 +494,7 @@ def test_copies_waiting_for_the_ssd_count_against_the_memory_ceiling(loaded, tmp
     import appliance.engine.ssd_tier as ssd_mod
 
     monkeypatch.setattr(ssd_mod, "may_write", lambda now, last, queued, n, closing: closing)
-    model, tok = loaded
+    _, model, tok = loaded
     first, second = _reqs(tok)
     free = _process(model, tok, tmp_path / "free")
     _run(free, first)
@@ -520,7 +518,7 @@ def test_a_broken_index_disables_the_tier_and_frees_the_queue(loaded, tmp_path, 
     one warning; the writer keeps draining, so queued copies do not hold memory for ever."""
     import sqlite3
 
-    model, tok = loaded
+    _, model, tok = loaded
     first, second = _reqs(tok)
     s = _process(model, tok, tmp_path)
 
@@ -546,7 +544,7 @@ def test_a_copy_that_fails_skips_the_entry_and_serving_goes_on(loaded, tmp_path,
         raise RuntimeError("[malloc] Unable to allocate 2.7 GB")
 
     monkeypatch.setattr(ssd_mod, "_frozen", no_memory)
-    model, tok = loaded
+    _, model, tok = loaded
     first, _ = _reqs(tok)
     s = _process(model, tok, tmp_path)
     cold = _cold(model, tok, first, tmp_path)

@@ -29,6 +29,18 @@ class APIError(Exception):
                           "param": self.param, "code": self.code}}
 
 
+# How the engine ends the requests a graceful stop could not finish (serve.py's drain).
+SHUTTING_DOWN = "the server is shutting down (server.drain_seconds ran out); retry elsewhere"
+
+
+def generation_failed(error: str) -> APIError:
+    """A request the engine ended with `error`: 503 when the server is stopping (a client
+    may retry elsewhere), else 500."""
+    if error == SHUTTING_DOWN:
+        return APIError(503, error, code="shutting_down")
+    return APIError(500, f"generation failed: {error}", code="generation_error")
+
+
 def invalid(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param=param, code="invalid_value")
 
@@ -45,10 +57,24 @@ def handle_validation(_: Request, exc: ValidationException) -> Response:
     """Litestar's body validation (msgspec), reworded to name the field."""
     extra = exc.extra if isinstance(exc.extra, list) else []
     detail = extra[0] if extra and isinstance(extra[0], dict) else {}
-    param = detail.get("key") or None
+    param = (detail.get("key") or "").removesuffix("[...]") or None  # a dict's value
     message = detail.get("message") or exc.detail
+    if param == "data":  # the body as a whole: name the field it lacks, not Litestar's "data"
+        param, message = body_problem(message)
     text = f"{param}: {message}" if param else f"invalid request body: {message}"
     return _respond(APIError(400, text, param=param, code="invalid_value"))
+
+
+def body_problem(message: str) -> tuple[str | None, str]:
+    """(param, message) for a problem with the body as a whole: the required field it
+    lacks, or no param where there is no JSON object at all."""
+    import re
+
+    if m := re.search(r"missing required field `([^`]+)`", message):
+        return m.group(1), "is required"
+    if message.strip("'\"") == "data":  # Litestar found no body at all
+        return None, "the request body is missing or empty; send a JSON object"
+    return None, message
 
 
 def handle_http(_: Request, exc: HTTPException) -> Response:

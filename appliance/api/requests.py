@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
 
 from appliance.api.errors import APIError, invalid
+from appliance.api.output import output_spec, response_schema
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from appliance.api.tools import ToolFormat, message_tool_calls
 from appliance.engine import GenerationRequest, SamplingParams
 from appliance.engine.sampling import MAX_SEED
 from appliance.plan import ExecutionPlan
@@ -35,6 +40,7 @@ class Prepared:
     engine_request: GenerationRequest
     stop: tuple[str, ...]
     include_usage: bool
+    tools: ToolFormat | None = None  # set: tool calls are parsed out of the text
 
 
 def _check_model(body: _Sampling, plan: ExecutionPlan) -> None:
@@ -142,38 +148,127 @@ def _message_dict(i: int, m) -> dict:
             raise invalid(f"messages[{i}].content", "only 'text' content parts are supported")
         content = "".join(p["text"] for p in content)
     d = {"role": m.role, "content": content or ""}
-    for k in ("name", "tool_calls", "tool_call_id"):
+    for k in ("name", "tool_call_id"):
         if getattr(m, k) is not None:
             d[k] = getattr(m, k)
+    if m.tool_calls:
+        d["tool_calls"] = message_tool_calls(m.tool_calls, f"messages[{i}].tool_calls")
     return d
 
 
-def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
+class _ChatExtras(msgspec.Struct):
+    """Chat fields read from the raw body next to `ChatCompletionRequest`: the one we honor
+    beyond it, and the OpenAI fields we do not support (refused when set, never ignored)."""
+
+    parallel_tool_calls: bool | None = None
+    functions: Any = None
+    function_call: Any = None
+    reasoning_effort: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+    store: Any = None
+
+
+UNSUPPORTED = {
+    "functions": "use tools (the legacy functions field is not supported)",
+    "function_call": "use tool_choice (the legacy function_call field is not supported)",
+    "reasoning_effort": "this server runs no reasoning models' effort control",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "verbosity": "is not supported",
+}
+
+
+def chat_extras(raw: bytes | None) -> _ChatExtras:
+    if not raw:
+        return _ChatExtras()
+    try:
+        extras = msgspec.json.decode(raw, type=_ChatExtras)
+    except msgspec.ValidationError as e:  # e.g. parallel_tool_calls: "yes"
+        path = str(e).rsplit("at `$.", 1)
+        param = path[1].rstrip("`") if len(path) == 2 else None
+        raise APIError(400, f"invalid request body: {e}", param=param,
+                       code="invalid_value") from e
+    except msgspec.DecodeError:
+        return _ChatExtras()  # the body already parsed as the request: not ours to judge
+    for name, why in UNSUPPORTED.items():
+        if getattr(extras, name) is not None:
+            raise invalid(name, why)
+    if extras.modalities not in (None, ["text"]):
+        raise invalid("modalities", "only ['text'] is supported")
+    if extras.store:
+        raise invalid("store", "this server stores no completions")
+    return extras
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A chat request in OpenAI chat terms; the Anthropic and Responses endpoints build one.
+    `*_param` name the fields of the endpoint's own request in errors."""
+
+    messages: list[dict]
+    tools: list | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    schema: dict | None = None
+    max_tokens: tuple[str, int | None] = ("max_tokens", None)
+    prompt_param: str = "messages"
+    tools_param: str = "tools"
+    schema_param: str = "response_format.json_schema.schema"
+
+
+def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer,
+                 raw: bytes | None = None) -> Prepared:
+    """`raw`: the request body as sent, for the fields outside ChatCompletionRequest."""
     _check_model(body, plan)
+    extras = chat_extras(raw)
     if not body.messages:
         raise invalid("messages", "must contain at least one message")
-    if body.response_format and body.response_format.get("type") not in (None, "text"):
-        raise invalid("response_format", "structured output is not supported yet")
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
-    _refuse_if_surely_too_long(tokenizer, [m["content"] for m in messages], plan, "messages")
-    sampling = _sampling(body, plan, plan.model.vocab_size)
-    try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                             tools=body.tools, tokenize=False)
-    except Exception as e:  # template errors (e.g. bad role order) are the caller's
-        raise invalid("messages", f"the chat template rejected them: {e}") from e
-    ids, checkpoints = _chat_ids(tokenizer, messages, body.tools, text)
     if body.max_completion_tokens is not None:
-        name, requested = "max_completion_tokens", body.max_completion_tokens
+        mt = ("max_completion_tokens", body.max_completion_tokens)
     else:
-        name, requested = "max_tokens", body.max_tokens
-    max_tokens = _max_tokens(requested, len(ids), plan, name, "messages")
+        mt = ("max_tokens", body.max_tokens)
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs", "requires logprobs=true")
     k = _logprobs("top_logprobs", body.top_logprobs or 0) if body.logprobs else None
-    return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=k,
-                                      checkpoints=checkpoints), _stops(body.stop),
-                    bool((body.stream_options or {}).get("include_usage")))
+    conv = Conversation(messages, body.tools, body.tool_choice, extras.parallel_tool_calls,
+                        response_schema(body.response_format), mt)
+    return prepare_conversation(conv, _sampling(body, plan, plan.model.vocab_size),
+                                _stops(body.stop), plan, tokenizer, logprobs=k,
+                                include_usage=bool((body.stream_options or {})
+                                                   .get("include_usage")))
+
+
+def prepare_conversation(conv: Conversation, sampling: SamplingParams, stops: tuple[str, ...],
+                         plan: ExecutionPlan, tokenizer, logprobs: int | None = None,
+                         include_usage: bool = False) -> Prepared:
+    """Template, tokens, limits and output constraints of a conversation."""
+    messages = conv.messages
+    _refuse_if_surely_too_long(tokenizer, [m["content"] for m in messages], plan,
+                               conv.prompt_param)
+    out = output_spec(tokenizer, plan.model.vocab_size, conv.tools, conv.tool_choice,
+                      conv.parallel_tool_calls, conv.schema, conv.tools_param,
+                      conv.schema_param)
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             tools=out.template_tools, tokenize=False)
+    except Exception as e:  # template errors (e.g. bad role order) are the caller's
+        raise invalid(conv.prompt_param, f"the chat template rejected them: {e}") from e
+    ids, checkpoints = _chat_ids(tokenizer, messages, out.template_tools, text)
+    max_tokens = _max_tokens(conv.max_tokens[1], len(ids), plan, conv.max_tokens[0],
+                             conv.prompt_param)
+    if out.grammar is not None:
+        sampling = replace(sampling, constraint=out.grammar)
+    if out.tools is not None and out.tools.max_calls == 1 and out.grammar is None:
+        stops = (*stops, out.tools.end)  # one call: stop where it ends
+    return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=logprobs,
+                                      checkpoints=checkpoints), stops, include_usage,
+                    tools=out.tools)
 
 
 MAX_CHECKPOINT_RENDERS = 8  # templates rendered per request to find message ends
@@ -229,8 +324,19 @@ def _splitting_tokens(tokenizer) -> tuple[str, ...]:
                  if t.special and not (t.lstrip or t.single_word or t.normalized))
 
 
-def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
+class _CompletionExtras(msgspec.Struct):
+    best_of: Any = None
+
+
+def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer,
+                       raw: bytes | None = None) -> Prepared:
     _check_model(body, plan)
+    try:
+        extras = msgspec.json.decode(raw, type=_CompletionExtras) if raw else None
+    except msgspec.DecodeError:  # a ValidationError too: best_of is Any
+        extras = None
+    if extras is not None and extras.best_of not in (None, 1):
+        raise invalid("best_of", f"{extras.best_of}: only best_of=1 is supported")
     if body.echo or body.suffix:
         raise invalid("echo" if body.echo else "suffix", "is not supported")
     sampling = _sampling(body, plan, plan.model.vocab_size)

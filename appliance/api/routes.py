@@ -13,11 +13,11 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Response, Stream
 
-from appliance.api import wire
-from appliance.api.errors import APIError
+from appliance.api import anthropic, metrics, responses, wire
+from appliance.api.errors import generation_failed
 from appliance.api.requests import Prepared, prepare_chat, prepare_completion
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
-from appliance.api.textgen import Done, Piece, generate_text
+from appliance.api.textgen import Done, Piece, generate
 
 log = logging.getLogger("appliance.api")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -49,7 +49,7 @@ async def _unless_disconnected(request: Request, gen, awaitable):
 async def _complete(request: Request, state: State, prep: Prepared) -> tuple[list[Piece], Done]:
     """Run a non-streaming request to the end."""
     pieces: list[Piece] = []
-    gen = generate_text(state.engine, state.tokenizer, prep.engine_request, prep.stop)
+    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
 
     async def collect() -> Done:
         async for item in gen:
@@ -61,7 +61,7 @@ async def _complete(request: Request, state: State, prep: Prepared) -> tuple[lis
     done = await _unless_disconnected(request, gen, collect())
     if done.error:
         log.error("generation failed: %s", done.error)
-        raise APIError(500, f"generation failed: {done.error}", code="generation_error")
+        raise generation_failed(done.error)
     return pieces, done
 
 
@@ -69,16 +69,16 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
     rid, created = f"{fmt.id_prefix}{uuid.uuid4().hex[:24]}", int(time.time())
     if not stream:
         pieces, done = await _complete(request, state, prep)
+        text = "".join(p.text for p in pieces if isinstance(p, Piece))  # not tool calls
         return Response({**wire.envelope(state.plan, fmt.kind, rid, created),
-                         "choices": [fmt.choice("".join(p.text for p in pieces), pieces,
-                                                done.finish_reason)],
+                         "choices": [fmt.choice(text, pieces, done.finish_reason)],
                          "usage": wire.usage(done)})
-    gen = generate_text(state.engine, state.tokenizer, prep.engine_request, prep.stop)
+    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
     # Refusals (400/429) must be HTTP errors, not a broken stream: wait for the first piece.
     first = await _unless_disconnected(request, gen, gen.__anext__())
     if isinstance(first, Done) and first.error:  # failed before any token: a plain 500
         log.error("generation failed: %s", first.error)
-        raise APIError(500, f"generation failed: {first.error}", code="generation_error")
+        raise generation_failed(first.error)
 
     async def frames() -> AsyncIterator[bytes]:
         env = wire.envelope(state.plan, fmt.chunk_kind, rid, created)
@@ -90,7 +90,7 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
                 if isinstance(item, Done):
                     if item.error:
                         log.error("generation failed mid-stream: %s", item.error)
-                        yield wire.sse(APIError(500, f"generation failed: {item.error}").body())
+                        yield wire.sse(generation_failed(item.error).body())
                         break
                     yield wire.sse({**env, "choices": [fmt.chunk(None, item.finish_reason)]})
                     if prep.include_usage:
@@ -108,8 +108,10 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, state: State,
                            data: JSONBody[ChatCompletionRequest]) -> Response | Stream:
+    metrics.tag_agent(request, data.user)
     # templates and tokenization run off the event loop: /health never waits behind them
-    prep = await asyncio.to_thread(prepare_chat, data, state.plan, state.tokenizer)
+    prep = await asyncio.to_thread(prepare_chat, data, state.plan, state.tokenizer,
+                                   await request.body())
     fmt = wire.Chat(state.tokenizer, prep.engine_request.logprobs is not None)
     return await _respond(request, state, prep, fmt, data.stream)
 
@@ -117,7 +119,9 @@ async def chat_completions(request: Request, state: State,
 @post("/v1/completions", status_code=200)
 async def completions(request: Request, state: State,
                       data: JSONBody[CompletionRequest]) -> Response | Stream:
-    prep = await asyncio.to_thread(prepare_completion, data, state.plan, state.tokenizer)
+    metrics.tag_agent(request, data.user)
+    prep = await asyncio.to_thread(prepare_completion, data, state.plan, state.tokenizer,
+                                   await request.body())
     fmt = wire.Completion(state.tokenizer, prep.engine_request.logprobs is not None)
     return await _respond(request, state, prep, fmt, data.stream)
 
@@ -150,4 +154,5 @@ async def health(state: State) -> Response:
     return Response(body, status_code=200 if failure is None else 503)
 
 
-ROUTES = [chat_completions, completions, models, plan, stats, health]
+ROUTES = [chat_completions, completions, models, plan, stats, health,
+          *anthropic.ROUTES, *responses.ROUTES]

@@ -10,9 +10,10 @@ log-probabilities stay aligned with the text they produced.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from appliance.api.errors import APIError
+from appliance.api.tools import ToolCall, ToolCallSplitter
 from appliance.engine import Engine, Finished, FinishReason, GenerationRequest, Rejected, Token
 
 
@@ -24,11 +25,12 @@ class Piece:
 
 @dataclass(frozen=True)
 class Done:
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "tool_calls"
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
     cached_tokens: int = 0
+    stop_sequence: str | None = None  # the stop sequence that ended the text, if one did
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -59,7 +61,7 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
     handle = submit(engine, request)
     detok = tokenizer.detokenizer
     pending, toks = "", []  # text decoded but not yet released, and its tokens
-    stopped = False
+    stopped: str | None = None  # the stop sequence matched
     used = 0  # tokens that made it into the text (in-flight ones after a stop do not count)
     try:
         async for event in handle:
@@ -70,7 +72,8 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
                     if pending or toks:
                         yield Piece(pending, tuple(toks))
                 reason = "length" if event.reason == FinishReason.LENGTH else "stop"
-                yield Done(reason, event.prompt_tokens, used, event.error, event.cached_tokens)
+                yield Done(reason, event.prompt_tokens, used, event.error, event.cached_tokens,
+                           stopped)
                 return
             if stopped:
                 continue  # tokens already in flight when we cancelled
@@ -78,11 +81,11 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
             toks.append(event)
             detok.add_token(event.id)
             pending += detok.last_segment
-            hits = [i for s in stops if (i := pending.find(s)) >= 0]
+            hits = [(i, s) for s in stops if (i := pending.find(s)) >= 0]
             if hits:
-                stopped = True
+                at, stopped = min(hits)
                 handle.cancel()
-                yield Piece(pending[: min(hits)], tuple(toks))
+                yield Piece(pending[:at], tuple(toks))
                 continue
             keep = _held_back(pending, stops)
             if len(pending) > keep:
@@ -90,3 +93,31 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
                 pending, toks = pending[len(pending) - keep:], []
     finally:
         handle.cancel()  # client gone or generator closed: stop at the next step
+
+
+def generate(engine: Engine, tokenizer, prep) -> AsyncIterator[Piece | ToolCall | Done]:
+    """A prepared request's output: text pieces, then with tools on, tool calls parsed out
+    of the text (`prep.tools`), and the finish reason `tool_calls` when a call was made."""
+    gen = generate_text(engine, tokenizer, prep.engine_request, prep.stop)
+    return gen if prep.tools is None else _with_tool_calls(gen, ToolCallSplitter(prep.tools))
+
+
+async def _with_tool_calls(gen, splitter: ToolCallSplitter):
+    try:
+        async for item in gen:
+            if isinstance(item, Done):
+                for x in splitter.finish():
+                    yield Piece(x, ()) if isinstance(x, str) else x
+                if splitter.calls and item.finish_reason == "stop":
+                    item = replace(item, finish_reason="tool_calls")
+                yield item
+                return
+            toks = item.tokens  # log-probabilities go with the first content released
+            for x in splitter.feed(item.text):
+                if isinstance(x, str):
+                    yield Piece(x, toks)
+                    toks = ()
+                else:
+                    yield x
+    finally:
+        await gen.aclose()

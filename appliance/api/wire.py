@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from appliance.api.textgen import Done, Piece
+from appliance.api.tools import ToolCall
 
 
 def envelope(plan, kind: str, rid: str, created: int) -> dict:
@@ -25,6 +26,11 @@ def sse(obj) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
+def tool_call(c: ToolCall) -> dict:
+    return {"id": c.id, "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments}}
+
+
 class Chat:
     """chat.completion / chat.completion.chunk."""
 
@@ -32,6 +38,7 @@ class Chat:
 
     def __init__(self, tokenizer, want_logprobs: bool):
         self.tok, self.want = tokenizer, want_logprobs
+        self.calls = 0  # tool calls streamed so far (each delta carries its index)
 
     def _entry(self, tid: int, lp: float) -> dict:
         text = self.tok.decode([tid])
@@ -48,13 +55,22 @@ class Chat:
         return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                 "finish_reason": None}
 
-    def chunk(self, piece: Piece | None, finish: str | None) -> dict:
+    def chunk(self, piece: Piece | ToolCall | None, finish: str | None) -> dict:
+        if isinstance(piece, ToolCall):
+            self.calls += 1
+            return {"index": 0, "delta": {"tool_calls": [{"index": self.calls - 1,
+                                                          **tool_call(piece)}]},
+                    "logprobs": None, "finish_reason": finish}
         return {"index": 0, "delta": {"content": piece.text} if piece else {},
                 "logprobs": self.logprobs([piece]) if piece else None, "finish_reason": finish}
 
-    def choice(self, text: str, pieces: list[Piece], finish: str) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": self.logprobs(pieces), "finish_reason": finish}
+    def choice(self, text: str, pieces: list[Piece | ToolCall], finish: str) -> dict:
+        calls = [tool_call(p) for p in pieces if isinstance(p, ToolCall)]
+        message = {"role": "assistant", "content": text or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
+        return {"index": 0, "message": message, "finish_reason": finish,
+                "logprobs": self.logprobs([p for p in pieces if isinstance(p, Piece)])}
 
 
 class Completion(Chat):

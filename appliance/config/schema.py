@@ -44,9 +44,18 @@ class KVConfig:
 
 @dataclass
 class DraftConfig:
-    """Speculative decoding drafter."""
+    """Speculative decoding (`appliance/plan/draft.py` says which option reads what)."""
 
-    kind: str = "none"
+    kind: str = "none"  # none | lookup | model | mtp
+    k: int = 0  # most tokens a row proposes per step
+    adaptive: bool = True  # k shrinks, rows pause, the batch stops when drafts do not pay
+    ngram_min: int | None = None  # lookup: shortest n-gram matched
+    ngram_max: int | None = None  # lookup: longest n-gram matched (tried first)
+    source: str | None = None  # model: embedded | local | hf
+    path: str | None = None  # model, source=local: the draft model's directory
+    repo: str | None = None  # model, source=hf
+    revision: str | None = None  # model, source=hf
+    head: str | None = None  # mtp: checkpoint (the model's own mtp.* weights) | a head file
 
 
 @dataclass
@@ -94,6 +103,7 @@ class ServerConfig:
     default_temperature: float = 0.0
     default_top_p: float = 1.0
     log_level: str = "info"
+    drain_seconds: float = 10.0  # on SIGTERM: in-flight requests' time to finish, then an error
 
 
 @dataclass

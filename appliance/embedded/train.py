@@ -52,9 +52,49 @@ ALWAYS_TRAIN = "pydoc_data/topics.py"  # the prose docs; keep in training
 # token boundary seen in training, and indentation stays one "\n    " piece.
 SPLIT = r"[\p{L}\p{N}_]+ ?|[^\s\p{L}\p{N}_]+ ?|\s+"
 HELDOUT_MOD = 50  # ~2% of files, chosen by sha256 of the relative path
+# ChatML, with Hermes-style tools: the tools' JSON in the system turn, calls as
+# <tool_call>{"name": ..., "arguments": {...}}</tool_call>, results in `tool` turns. Without
+# tools the text is exactly plain ChatML (goldens depend on it). mlx-lm picks its json_tools
+# parser for this template (it looks for "<tool_call>" and "tool_call.name").
+_TOOLS_PREAMBLE = (
+    "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>"
+)
+_TOOLS_FORMAT = (
+    "\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": "
+    "<function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n"
+)
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ '" + _TOOLS_PREAMBLE + "' }}"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '" + _TOOLS_FORMAT + "' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{% if message['content'] %}{{ message['content'] + '\\n' }}{% endif %}"
+    "{% for tool_call in message['tool_calls'] %}"
+    "{% if tool_call['function'] is defined %}{% set tool_call = tool_call['function'] %}"
+    "{% endif %}"
+    "{% if not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' }}"
+    "{% if tool_call.arguments is string %}{{ tool_call.arguments }}"
+    "{% else %}{{ tool_call.arguments | tojson }}{% endif %}"
+    "{{ '}\\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>tool\\n<tool_response>\\n' + message['content'] + "
+    "'\\n</tool_response><|im_end|>\\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )

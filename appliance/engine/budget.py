@@ -30,11 +30,11 @@ class KVShape:
     def for_plan(cls, plan, recurrent: int = 0) -> KVShape:
         """The shape admission uses for an ExecutionPlan (recurrent bytes are measured on
         the loaded model, so the caller passes them)."""
-        kv = plan.kv
-        return cls(full_per_token=kv.bytes_per_token,
+        kv, draft = plan.kv, plan.draft.kv_bytes_per_token  # a draft's KV grows per token
+        return cls(full_per_token=kv.bytes_per_token + draft,
                    sliding_per_token=kv.sliding_bytes_per_token,
                    window=plan.model.sliding_window or 0, recurrent=recurrent,
-                   native_per_token=kv.native_bytes_per_token, start=kv.start)
+                   native_per_token=kv.native_bytes_per_token + draft, start=kv.start)
 
     @property
     def lone_row_extra(self) -> int:

@@ -20,6 +20,19 @@ def _recurrent_bytes(model) -> int:
     return sum(c.nbytes for c in cache if isinstance(c, ArraysCache))
 
 
+def make_drafter(draft, model):
+    """(drafter, control) for the plan's draft section; (None, None) for draft=none."""
+    from appliance.engine.speculate import Control, LookupDrafter
+
+    if draft.kind == "none":
+        return None, None
+    if draft.kind == "lookup":
+        drafter = LookupDrafter(draft.ngram_min, draft.ngram_max)
+    else:
+        raise NotImplementedError(f"draft={draft.kind} has no proposer yet")
+    return drafter, Control(draft.k, draft.adaptive)
+
+
 def build_engine(plan: ExecutionPlan) -> Engine:
     from appliance.engine import runner
 
@@ -52,9 +65,11 @@ def build_engine(plan: ExecutionPlan) -> Engine:
                 ram=RamTier(c.ram_bytes) if c.kind in ("ram", "tiered") else None,
                 ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint)
                 if c.kind in ("ssd", "tiered") else None)
+        drafter, control = make_drafter(plan.draft, model)
         return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget,
                                    prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes,
-                                   scheme=scheme, prefill_rows=b.prefill_rows)
+                                   scheme=scheme, prefill_rows=b.prefill_rows,
+                                   drafter=drafter, control=control)
 
     return Engine(load, make_scheduler, mode=b.mode, max_rows=b.max_rows,
                   max_queue=b.max_queue, budget=budget, vocab_size=m.vocab_size).start()

@@ -39,23 +39,28 @@ class Row:
     state: RowState
     generated: int = 0
     cached: int = 0  # prompt tokens that came from the prefix cache
+    accepted: int = 0  # draft tokens accepted (speculative decoding)
+    rejected: int = 0  # draft tokens proposed and rejected
 
 
 class ContinuousScheduler:
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
                  budget: Budget, prefix: PrefixCache | None = None,
                  ceiling: int | None = None, scheme: Scheme | None = None,
-                 prefill_rows: int = 1):
+                 prefill_rows: int = 1, drafter=None, control=None):
         """`prefix`: the prefix cache, if any; its RAM tier trims itself to `ceiling` minus
         the KV bytes the live rows hold and the copies waiting for the SSD writer (one
-        memory ceiling for all three)."""
+        memory ceiling for all three). `drafter`/`control`: speculative decoding
+        (`appliance.engine.speculate`); with a drafter every row runs in the batched step,
+        a lone one too (the solo path does not speculate)."""
         self.model, self.eos_ids = model, eos_ids
         self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
         self.budget = budget  # (MLX work runs on the engine thread's own stream)
         self.prefix, self.ceiling = prefix, ceiling
         self.scheme = scheme or Scheme()
         self.prefill_rows = prefill_rows
-        self.counters = Counters()
+        self.drafter, self.control = drafter, control
+        self.counters = Counters(draft_method=drafter.method if drafter else None)
         self._waiting: deque = deque()
         self._rows: dict[int, Row] = {}  # BatchStep uid -> row
         self._solo: tuple[Row, Decoder] | None = None  # a lone row, decoded unbatched
@@ -66,7 +71,8 @@ class ContinuousScheduler:
         # tokens for each of up to `prefill_rows` prompts, so running rows stall at most one
         # (padded) chunk and the oldest arrival gets its first token no later than alone.
         return BatchStep(self.model, self.eos_ids, self.max_rows, self.prefill_chunk,
-                         self.scheme, prefill_rows=self.prefill_rows)
+                         self.scheme, prefill_rows=self.prefill_rows, drafter=self.drafter,
+                         control=self.control)
 
     # -- the Scheduler interface ------------------------------------------------
     def add(self, handle) -> None:
@@ -97,7 +103,8 @@ class ContinuousScheduler:
         self._reap_cancelled()
         if self._solo is not None and self._head_fits():
             self._hand_over()  # a second row can join: continue batched
-        if not self._rows and self._solo is None and len(self._waiting) == 1:
+        if not self._rows and self._solo is None and len(self._waiting) == 1 \
+                and self.drafter is None:
             self._start_solo()
         if self._solo is not None:
             return self._solo_step()
@@ -232,7 +239,8 @@ class ContinuousScheduler:
     def _end_row(self, row: Row, reason: FinishReason, error: str | None = None) -> None:
         self.budget.release(row.handle.id)
         self.counters.finished += 1
-        finish(row.handle, reason, row.generated, error, cached=row.cached)
+        finish(row.handle, reason, row.generated, error, cached=row.cached,
+               accepted=row.accepted, rejected=row.rejected)
 
     # -- the prefix cache ---------------------------------------------------------
     def _live_kv_bytes(self) -> int:
@@ -328,6 +336,11 @@ class ContinuousScheduler:
         row = self._rows.pop(uid)
         if not removed:
             self._batch.remove(uid)
+        drafted = self._batch.drafts.pop(uid, None)
+        if drafted is not None:
+            row.accepted, row.rejected = drafted.accepted, drafted.proposed - drafted.accepted
+            self.counters.draft_proposed += drafted.proposed
+            self.counters.draft_accepted += drafted.accepted
         self._end_row(row, reason, error)
 
     def fail_all(self, error: str) -> None:

@@ -13,6 +13,8 @@ import itertools
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from appliance.engine import sampling, threads
@@ -32,6 +34,7 @@ class RequestHandle:
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = threading.Event()
+        self.submitted_at = time.perf_counter()
 
     def cancel(self) -> None:
         """Stop generating at the next step; the engine then emits Finished(CANCELLED)."""
@@ -77,6 +80,12 @@ class Engine:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._queued = 0  # submitted, not yet handed to the scheduler
+        self._stop_error: str | None = None  # stop(error): what ends the work left, then 503s
+        # Called on the engine thread with each request's seconds from submit to admission
+        # (the API's metrics). Schedulers admit first in, first out, so the oldest requests
+        # beyond pending_rows() are the ones admitted.
+        self.on_admitted: Callable[[float], None] | None = None
+        self._unadmitted: deque[RequestHandle] = deque()
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> Engine:
@@ -87,18 +96,24 @@ class Engine:
             raise self._load_error
         return self
 
-    def stop(self) -> None:
-        """Cancel running and queued work, then wait until the engine thread has finished it."""
-        if self._done is None:
+    def stop(self, error: str | None = None) -> None:
+        """Cancel running and queued work, then wait until the engine thread has finished it.
+        With `error` (a graceful stop whose drain time ran out) that work ends as an error
+        saying so, and later submits get 503."""
+        done = self._done
+        if done is None:
             return
+        self._stop_error = error or self._stop_error
         self._queue.put(None)
-        self._done.wait()
+        done.wait()
         self._done = None
 
     # -- submitting (from any thread running an asyncio loop) ----------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Queue a request, or raise Rejected (400: bad settings or can never fit; 429: queue
-        full; 503: the engine has failed)."""
+        full; 503: the engine has failed or is stopping)."""
+        if self._stop_error is not None:
+            raise Rejected(503, self._stop_error, code="shutting_down")
         if self.failure is not None:
             raise Rejected(503, f"the engine has failed and serves no requests: {self.failure}",
                            code="engine_failed")
@@ -118,6 +133,8 @@ class Engine:
         handle = RequestHandle(request, asyncio.get_running_loop(), next(self._ids))
         self._queued += 1
         self._queue.put(handle)
+        if self._stop_error is not None:  # stop() came in between: it may have drained already
+            self._refuse_rest()
         return handle
 
     def pending(self) -> int:
@@ -139,7 +156,18 @@ class Engine:
             "prefill_seconds": round(c.prefill_seconds, 6),
             "decode_seconds": round(c.decode_seconds, 6),
             "cache": self._cache_stats(),
+            "speculation": self._draft_stats(c),
         }
+
+    @staticmethod
+    def _draft_stats(c) -> dict:
+        """Per method: draft tokens proposed and accepted by finished rows."""
+        method = getattr(c, "draft_method", None)
+        if method is None:
+            return {}
+        p, a = c.draft_proposed, c.draft_accepted
+        return {method: {"proposed": p, "accepted": a,
+                         "acceptance_rate": round(a / p, 4) if p else None}}
 
     def _cache_stats(self) -> dict:
         prefix = getattr(self.scheduler, "prefix", None)
@@ -177,11 +205,12 @@ class Engine:
                 items.append(self._queue.get())
             for h in items:
                 if h is None:
-                    s.abort_all()
+                    s.abort_all(*self._stop_finish())
                     s.close()  # e.g. finish pending SSD writes
                     return self._refuse_rest()
                 self._queued -= 1
                 s.add(h)
+                self._unadmitted.append(h)
             try:
                 s.step()
             except Exception as e:
@@ -193,12 +222,33 @@ class Engine:
                     log.exception("the engine cannot recover; it stops serving")
                     self.failure = f"{type(again).__name__}: {again}"
                     return self._refuse_all(s)
+            try:
+                self._note_admitted(s)
+            except Exception:  # a metrics hook never stops the engine
+                log.exception("on_admitted failed")
+
+    def _note_admitted(self, s: Scheduler) -> None:
+        now = time.perf_counter()
+        while len(self._unadmitted) > s.pending_rows():
+            h = self._unadmitted.popleft()
+            if self.on_admitted is not None:
+                self.on_admitted(now - h.submitted_at)
+
+    def _stop_finish(self) -> tuple[FinishReason, str | None]:
+        """How stop() ends the work left: cancelled, or an error saying why."""
+        return (FinishReason.ERROR if self._stop_error else FinishReason.CANCELLED,
+                self._stop_error)
 
     def _refuse_rest(self) -> None:
-        while not self._queue.empty():
-            if (h := self._queue.get()) is not None:
+        reason, error = self._stop_finish()
+        while True:
+            try:
+                h = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if h is not None:
                 self._queued -= 1
-                finish(h, FinishReason.CANCELLED, 0)
+                finish(h, reason, 0, error)
 
     def _refuse_all(self, s: Scheduler) -> None:
         """A failed engine: end what the scheduler holds, then answer every request that

@@ -78,9 +78,12 @@ def make_sampler(s: SamplingParams):
 
 
 def make_processors(s: SamplingParams) -> list:
-    return make_logits_processors(
+    procs = make_logits_processors(
         logit_bias=s.logit_bias, repetition_penalty=s.repetition_penalty,
         presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
+    if s.constraint is not None:  # last: no bias or penalty can reopen a masked token
+        procs.append(s.constraint.make_processor())
+    return procs
 
 
 def top_logprobs(logprobs: mx.array, k: int) -> list[tuple[int, float]]:

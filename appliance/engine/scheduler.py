@@ -37,6 +37,9 @@ class Counters:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     kv_bytes: int = 0  # KV held by live rows, refreshed every step
+    draft_method: str | None = None  # speculative decoding: lookup | model | mtp
+    draft_proposed: int = 0  # draft tokens proposed by rows that finished
+    draft_accepted: int = 0
 
 
 class Scheduler(Protocol):
@@ -71,5 +74,7 @@ def safe_deliver(handle: RequestHandle, event) -> bool:
 
 
 def finish(handle: RequestHandle, reason: FinishReason, generated: int,
-           error: str | None = None, cached: int = 0) -> None:
-    safe_deliver(handle, Finished(reason, len(handle.request.prompt), generated, error, cached))
+           error: str | None = None, cached: int = 0, accepted: int = 0,
+           rejected: int = 0) -> None:
+    safe_deliver(handle, Finished(reason, len(handle.request.prompt), generated, error, cached,
+                                  accepted, rejected))

@@ -12,6 +12,11 @@ with it at the same B):
 3. one chunk of at most `prefill_chunk` prompt tokens for the rows being prefilled
    (`prefill_rows` prompts together, right-padded, then rolled back to left padding).
 
+With a drafter (`appliance/engine/speculate.py`), step 1 becomes a verify step when rows
+have proposals: each row feeds its pending token plus its own 0..k draft tokens in one
+forward pass (right-padded), keeps its accepted prefix and rolls the rest of its KV back
+(recurrent layers: back to a snapshot, then the kept tokens are fed again).
+
 What the engine owns beyond it: the KV layouts (`appliance/engine/kv`: native, affine,
 TurboQuant; one per layer, each row's logical length kept apart from the write position),
 the row caches they are built from (`make_cache`), and per-row rollback (`rollback`).
@@ -20,6 +25,7 @@ the row caches they are built from (`make_cache`), and per-row rollback (`rollba
 from __future__ import annotations
 
 import copy
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -27,6 +33,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.kv import Scheme
+from appliance.engine.kv.native import RecurrentLayout
+from appliance.engine.speculate import Control, DraftCounts, accept_deterministic
 
 
 @dataclass
@@ -159,6 +167,105 @@ class _Decoding(_Batch):
             row.append(t)  # now in the row's KV
         return toks, current_logprobs
 
+    def _forward(self, model, rows: list[list[int]]) -> mx.array:
+        """One forward pass over each row's tokens (right-padded to the longest), with
+        the padding rolled away afterwards as a prefill chunk's is; quantized layers
+        attend as that many decode steps would (`decode_like`). Logits [B, L, V]."""
+        lengths = [len(r) for r in rows]
+        width = max(lengths)
+        pad = [width - n for n in lengths]
+        x = mx.array([r + [0] * p for r, p in zip(rows, pad, strict=True)])
+        decode_like = [c for c in self.layers if hasattr(c, "decode_like")]
+        for c in decode_like:
+            c.decode_like = True
+        if max(pad):
+            for c in self.layers:
+                c.prepare(lengths=lengths, right_padding=pad)
+        try:
+            logits = model(x, cache=self.layers)
+        finally:
+            for c in decode_like:
+                c.decode_like = False
+        if max(pad):
+            for c in self.layers:
+                c.finalize()
+        return logits
+
+    def verify(self, model, drafts: list[list[int]]) -> list[tuple[list[int], list[mx.array]]]:
+        """Feed every row its pending token and its drafts in one pass; keep, per row, the
+        drafts its own samples confirm (`accept_deterministic`). Returns per row the
+        tokens now emitted (the pending one first) with their log-probabilities; the
+        token sampled after them becomes the row's pending token."""
+        pend = self.next_tokens.tolist()
+        fed = [[p, *d] for p, d in zip(pend, drafts, strict=True)]
+        recurrent = [c for c in self.layers if isinstance(c, RecurrentLayout)]
+        for c in recurrent:
+            c.checkpoint()
+        logits = self._forward(model, fed)
+        logprobs, samples = self._sample_all(logits, fed)
+        out, kept, new_pend, new_lp = [], [], [], []
+        for i, d in enumerate(drafts):
+            a = accept_deterministic(samples[i], d)
+            toks = fed[i][:a + 1]
+            out.append((toks, [self.next_logprobs[i], *[logprobs[i][j] for j in range(a)]]))
+            kept.append(toks)
+            new_pend.append(samples[i][a])
+            new_lp.append(logprobs[i][a])
+        self._roll_back(model, fed, kept, recurrent)
+        for i, toks in enumerate(kept):
+            self.tokens[i].extend(toks)  # now in the row's KV
+            if self.processors[i]:
+                self.context[i].update_and_fetch(mx.array(toks))
+        self.next_tokens, self.next_logprobs = mx.array(new_pend), new_lp
+        return out
+
+    def _sample_all(self, logits: mx.array, fed: list[list[int]]):
+        """Per row, log-probabilities [n_i, V] at each fed position (logits processors
+        applied with the history up to that position) and each position's sample."""
+        if not any(self.processors) and all(s is self.samplers[0] for s in self.samplers):
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            B, L, V = lp.shape
+            sampled = self.samplers[0](lp.reshape(B * L, V)).reshape(B, L)
+            mx.eval(sampled, lp)
+            s = sampled.tolist()
+            return [lp[i, :len(f)] for i, f in enumerate(fed)], \
+                [s[i][:len(f)] for i, f in enumerate(fed)]
+        lps, outs = [], []
+        for i, f in enumerate(fed):
+            rows = logits[i, :len(f)]
+            if self.processors[i]:
+                base = self.context[i].tokens
+                done = []
+                for j in range(len(f)):
+                    ctx = mx.concatenate([base, mx.array(f[:j + 1], dtype=base.dtype)])
+                    r = rows[j:j + 1]
+                    for p in self.processors[i]:
+                        r = p(ctx, r)
+                    done.append(r)
+                rows = mx.concatenate(done, axis=0)
+            lp = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
+            lps.append(lp)
+            outs.append(self.samplers[i](lp))
+        mx.eval(outs, lps)
+        return lps, [o.tolist() for o in outs]
+
+    def _roll_back(self, model, fed: list[list[int]], kept: list[list[int]],
+                   recurrent: list) -> None:
+        """Drop each row's rejected tokens from its KV. Recurrent state cannot drop tokens:
+        then every row goes back to before the pass and feeds again what it keeps."""
+        if all(len(k) == len(f) for k, f in zip(kept, fed, strict=True)):
+            return
+        if recurrent:
+            for c in self.layers:
+                for i, f in enumerate(fed):
+                    c.rollback(i, len(f))  # recurrent: row i back to the snapshot
+            self._forward(model, kept)
+            return
+        for c in self.layers:
+            for i, (k, f) in enumerate(zip(kept, fed, strict=True)):
+                if len(f) > len(k):
+                    c.rollback(i, len(f) - len(k))
+
 
 class BatchStep:
     """Rows waiting, being prefilled and decoding; `tick()` advances them all by one step.
@@ -166,8 +273,10 @@ class BatchStep:
     Only the engine thread may call it. `uid`s are its own (returned by `insert`)."""
 
     def __init__(self, model, stop_tokens: set[int], max_rows: int, prefill_chunk: int,
-                 scheme: Scheme | None = None, prefill_rows: int = 1):
-        """`scheme`: the plan's KV scheme (native when None)."""
+                 scheme: Scheme | None = None, prefill_rows: int = 1, drafter=None,
+                 control: Control | None = None):
+        """`scheme`: the plan's KV scheme (native when None). `drafter`: proposes draft
+        tokens per row (None: no speculation); `control`: how many, and when."""
         self.model, self.stop_tokens = model, set(stop_tokens)
         self.max_rows, self.prefill_chunk, self.prefill_rows = max_rows, prefill_chunk, \
             prefill_rows
@@ -178,6 +287,9 @@ class BatchStep:
         self._segments: list[list[list[int]]] = []  # per prefilling row: what is left
         self._decode = _Decoding()
         self._steps = 0
+        self.drafter, self.control = drafter, control
+        self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
+        self.spec_ticks = 0  # decode steps that verified proposals
 
     # -- rows in --------------------------------------------------------------------
     def insert(self, segments: list[list[int]], max_tokens: int, sampler, processors=(),
@@ -286,22 +398,60 @@ class BatchStep:
 
     def _decode_step(self) -> list[TokenEvent]:
         d = self._decode
-        toks, logprobs = d.step(self.model)
+        emitted = self._speculate() if self.drafter is not None else None
+        if emitted is None:
+            t, rows = time.perf_counter(), len(d)
+            toks, logprobs = d.step(self.model)
+            if self.drafter is not None:
+                self.control.timed(rows, False, time.perf_counter() - t, rows)
+            emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
         keep, events = [], []
         for i, uid in enumerate(d.uids):
-            d.generated[i] += 1
-            reason = "length" if d.generated[i] >= d.max_tokens[i] else None
-            if toks[i] in self.stop_tokens:
-                reason = "stop"
+            reason = None
+            for tok, lp in zip(*emitted[i], strict=True):
+                d.generated[i] += 1
+                reason = "length" if d.generated[i] >= d.max_tokens[i] else None
+                if tok in self.stop_tokens:
+                    reason = "stop"
+                if reason is not None:
+                    events.append(TokenEvent(uid, tok, lp, reason, d.extract(i), d.tokens[i]))
+                    break
+                events.append(TokenEvent(uid, tok, lp, None))
             if reason is None:
                 keep.append(i)
-                events.append(TokenEvent(uid, toks[i], logprobs[i], None))
-            else:
-                events.append(TokenEvent(uid, toks[i], logprobs[i], reason, d.extract(i),
-                                         d.tokens[i]))
+            elif self.drafter is not None:
+                self.drafter.forget(uid)
+                self.control.forget(uid)
         if len(keep) < len(d):
             d.filter(keep)
         return events
+
+    def _speculate(self) -> list | None:
+        """A verify step for the running rows, or None when no row proposes anything (or
+        the control measured plain steps faster at this batch size): then a plain step."""
+        d, ctl = self._decode, self.control
+        rows = len(d)
+        if not ctl.speculate(rows):
+            return None
+        pend = d.next_tokens.tolist()
+        ks = []
+        for i, uid in enumerate(d.uids):
+            room = d.max_tokens[i] - d.generated[i] - 1  # the pending token is emitted too
+            ks.append(0 if pend[i] in self.stop_tokens or room <= 0
+                      else min(room, ctl.budget(uid)))
+        drafts = self.drafter.propose(d.uids, [t + [p] for t, p in zip(d.tokens, pend,
+                                                                         strict=True)], ks)
+        if not any(drafts):
+            return None
+        t = time.perf_counter()
+        out = d.verify(self.model, drafts)
+        ctl.timed(rows, True, time.perf_counter() - t, sum(len(o[0]) for o in out))
+        self.spec_ticks += 1
+        for uid, dr, (toks, _) in zip(d.uids, drafts, out, strict=True):
+            if dr:
+                self.drafts.setdefault(uid, DraftCounts()).add(len(dr), len(toks) - 1)
+                ctl.record(uid, len(dr), len(toks) - 1)
+        return out
 
     # -- rows out -------------------------------------------------------------------
     def _where(self, uid: int) -> tuple[str, int]:
@@ -328,6 +478,9 @@ class BatchStep:
             del self._waiting[i]
             return
         batch = self._decode if stage == "decode" else self._prefill
+        if self.drafter is not None:
+            self.drafter.forget(uid)
+            self.control.forget(uid)
         keep = [j for j in range(len(batch)) if j != i]
         batch.filter(keep)
         if stage == "prefill":

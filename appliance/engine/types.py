@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,10 @@ class SamplingParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[int, float] | None = None
+    # A constraint on the output (e.g. a JSON schema), compiled before submission. Any
+    # object with make_processor() -> a stateful mlx-lm-style logits processor for one row,
+    # called with the row's whole token history (which may shrink: it must follow rollbacks).
+    constraint: Any = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class Finished:
     completion_tokens: int
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+    accepted_prediction_tokens: int = 0  # speculative decoding: draft tokens kept
+    rejected_prediction_tokens: int = 0  # draft tokens proposed and rejected
 
 
 Event = Token | Finished

@@ -71,6 +71,18 @@ TINY: dict[str, dict] = {
                         "mlp_only_layers": [0, 1, 2, 3], "moe_intermediate_size": 64,
                         "partial_rotary_factor": 0.5, "full_attention_interval": 4},
 }
+# A real Qwen3-Next checkpoint's layout: layer 3 (full attention) has a mixture of experts,
+# and a depth-1 MTP head rides along as `mtp.*` tensors. Written as Hugging Face ships it
+# (per-expert tensors, zero-centred RMSNorm gains w for a gain of 1 + w, conv1d [C, 1, K]),
+# so mlx-lm's own sanitize() converts it on load and drops mtp.*; appliance.models.mtp reads
+# the head. A quantized variant (bits=4/8) is written like a converted mlx checkpoint: no head.
+TINY["tiny-qwen3-next-mtp"] = {
+    **TINY["tiny-qwen3-next"], "num_experts": 4, "num_experts_per_tok": 2,
+    "norm_topk_prob": True, "mlp_only_layers": [0, 1, 2], "shared_expert_intermediate_size": 64,
+    "mtp_num_hidden_layers": 1}
+# qwen3_next RMSNorms stored zero-centred in HF checkpoints (mlx-lm's sanitize adds 1)
+_HF_OFFSET_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",
+                    "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
 
 
 def config_for(shape: str, dtype: str, bits: int | None) -> dict:
@@ -157,11 +169,13 @@ def ensure(shape: str, dtype: str, bits: int | None, seed: int) -> Path:
     for layer in getattr(model, "layers", []):
         mx.eval(layer.parameters())
     mx.eval(model.parameters())
+    weights = dict(tree_flatten(model.parameters()))
+    if config.get("mtp_num_hidden_layers") and not config.get("quantization"):
+        weights = _hf_qwen3_next(weights, _random_mtp(model))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
-        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())),
-                            metadata={"format": "mlx"})
+        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         (tmp / "tokenizer.json").write_text(json.dumps(_tokenizer_json(config["vocab_size"])))
         (tmp / "tokenizer_config.json").write_text(json.dumps({
@@ -170,4 +184,45 @@ def ensure(shape: str, dtype: str, bits: int | None, seed: int) -> Path:
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _random_mtp(model) -> dict:
+    """Random MTP head weights (`mtp.*`, mlx layout) for a qwen3_next `model`, drawn after the
+    model's own; norm gains are 1 + N(0, 0.05) so a lost (1 + w) offset is detectable."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from appliance.models.mtp import MTPHead
+
+    args = model.args
+    head = MTPHead.for_model(model, "moe" if args.num_experts else "dense")
+    out = {}
+    for k, v in tree_flatten(head.parameters()):
+        if v.ndim == 1 and "norm" in k.split(".")[-2]:
+            v = 1.0 + 0.05 * mx.random.normal(v.shape)
+        out["mtp." + k] = v.astype(model.model.norm.weight.dtype)
+    mx.eval(out)
+    return out
+
+
+def _hf_qwen3_next(weights: dict, mtp: dict) -> dict:
+    """mlx-lm qwen3_next tensors (+ mtp.*) in the Hugging Face checkpoint layout."""
+    import mlx.core as mx
+
+    out = {}
+    for k, v in {**weights, **mtp}.items():
+        if k.startswith("mtp.") and v.ndim == 1 and "norm" in k.split(".")[-2]:
+            v = v - 1.0  # every qwen3_next RMSNorm of the head computes x * (1 + w)
+        elif v.ndim == 1 and k.endswith(_HF_OFFSET_NORMS):
+            v = v - 1.0
+        elif k.endswith("conv1d.weight"):
+            v = v.moveaxis(2, 1)  # mlx [C, K, 1] -> torch [C, 1, K]
+        if ".switch_mlp." in k:  # stacked experts -> one tensor per expert
+            pre, proj = k.split(".switch_mlp.")
+            for e in range(v.shape[0]):
+                out[f"{pre}.experts.{e}.{proj}"] = v[e]
+            continue
+        out[k] = v
+    mx.eval(out)
     return out

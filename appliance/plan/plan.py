@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from appliance.plan.draft import DraftPlan
 from appliance.plan.kv import KVPlan
 
 
@@ -38,11 +39,6 @@ class ModelPlan:
     synthetic: dict | None = None  # {shape, bits, seed} for model=synthetic, else None
 
 
-
-
-@dataclass(frozen=True)
-class DraftPlan:
-    kind: str
 
 
 @dataclass(frozen=True)
@@ -80,6 +76,7 @@ class ServerPlan:
     default_temperature: float
     default_top_p: float
     log_level: str
+    drain_seconds: float = 10.0  # on SIGTERM: time for in-flight requests, then they end
 
 
 @dataclass(frozen=True)
@@ -160,7 +157,8 @@ def fingerprint(model: ModelPlan, kv: KVPlan, draft: DraftPlan) -> str:
         "dtype": model.dtype,
         "quantization": model.quantization,
         "kv": kv.fingerprint_key(),
-        "draft": draft.kind,
+        # a draft model's or MTP head's layers are part of every stored row cache
+        "draft": draft.kind if draft.path is None else [draft.kind, draft.path],
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return "fp_" + digest[:16]

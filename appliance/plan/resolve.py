@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import _blas
+from appliance.plan.draft import resolve_draft
 from appliance.plan.errors import PlanError
 from appliance.plan.kv import OPTIONS, UNSET, UNUSED, check_scheme, resolve_kv
 from appliance.plan.machine import GiB, detect
@@ -16,7 +17,6 @@ from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo, inspect_config, 
 from appliance.plan.plan import (
     BatchPlan,
     CachePlan,
-    DraftPlan,
     ExecutionPlan,
     MachinePlan,
     MemoryPlan,
@@ -32,7 +32,6 @@ EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "embedded" / "tiny"
 # What is implemented today. Later capabilities extend these sets.
 SOURCES = ("tiny", "local", "hf", "synthetic")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFTS = ("none",)
 BATCH_MODES = ("continuous", "serial")
 # How each layer kind's rows are held when batched (mlx-lm's batch cache classes).
 PLACEMENT = {
@@ -142,7 +141,6 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     _choice(problems, "model.source", m.source, SOURCES)
     _choice(problems, "model.dtype", m.dtype, DTYPES)
     check_scheme(cfg.kv.scheme, problems)
-    _choice(problems, "draft.kind", cfg.draft.kind, DRAFTS)
     _choice(problems, "batch.mode", cfg.batch.mode, BATCH_MODES)
     _choice(problems, "cache.kind", cfg.cache.kind, CACHES)
     _choice(problems, "machine.backend", mach.backend, BACKENDS)
@@ -195,6 +193,8 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         problems.append(f"server.port={srv.port} must be in 1..65535")
     if srv.default_max_tokens < 1:
         problems.append(f"server.default_max_tokens={srv.default_max_tokens} must be >= 1")
+    if not 0 <= srv.drain_seconds <= 3600:
+        problems.append(f"server.drain_seconds={srv.drain_seconds} must be in 0..3600")
     if srv.max_context is not None and srv.max_context < 2:
         problems.append(f"server.max_context={srv.max_context} must be >= 2")
     if not 0 <= mach.headroom_fraction < 1:
@@ -242,9 +242,10 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     )
 
     kv = resolve_kv(cfg.kv, info, dtype, here.backend, max_ctx, problems)
-    if kv is None or problems:
+    draft = resolve_draft(cfg.draft, path, info, dtype, b.mode, problems)
+    if kv is None or draft is None or problems:
         raise PlanError(problems)
-    per_tok = kv.bytes_per_token
+    per_tok = kv.bytes_per_token + draft.kv_bytes_per_token
 
     memory = int(mach.memory_gb * GiB) if mach.memory_gb else here.memory_bytes
     headroom = max(int(mach.headroom_gb * GiB), int(mach.headroom_fraction * memory))
@@ -254,18 +255,19 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         blas=_blas.ACTIVE if here.backend == "cpu" else "n/a",
     )
     usable = memory - headroom
-    mem = MemoryPlan(usable_bytes=usable, weights_bytes=model.weight_bytes,
-                     kv_budget_bytes=usable - model.weight_bytes - ram_cap,
-                     kv_and_cache_bytes=usable - model.weight_bytes,
+    weights = model.weight_bytes + draft.weight_bytes  # the draft model or MTP head too
+    mem = MemoryPlan(usable_bytes=usable, weights_bytes=weights,
+                     kv_budget_bytes=usable - weights - ram_cap,
+                     kv_and_cache_bytes=usable - weights,
                      kv_bytes_at_max_context=per_tok * max_ctx,
                      rows_at_max_context=_rows_per_option(
                          info, dtype, here.backend, cfg.kv, kv_budget or (
-                             usable - model.weight_bytes - ram_cap), max_ctx))
+                             usable - weights - ram_cap), max_ctx))
     if mem.kv_and_cache_bytes > 0 >= mem.kv_budget_bytes:
         problems.append(f"cache.ram.bytes={cfg.cache.ram.bytes} leaves no memory for live KV "
                         f"({mem.kv_and_cache_bytes / GiB:.2f} GiB after the weights); lower it")
     elif mem.kv_budget_bytes <= 0:
-        problems.append(f"weights need {model.weight_bytes / GiB:.2f} GiB but only "
+        problems.append(f"weights need {weights / GiB:.2f} GiB but only "
                         f"{usable / GiB:.2f} GiB is usable on {machine.name} "
                         f"(memory {memory / GiB:.1f} GiB - headroom {headroom / GiB:.1f} GiB); "
                         "pick a smaller or quantized model, or lower machine.headroom_gb")
@@ -284,8 +286,8 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                         max_context=max_ctx,
                         default_max_tokens=srv.default_max_tokens,
                         default_temperature=srv.default_temperature,
-                        default_top_p=srv.default_top_p, log_level=srv.log_level)
-    draft = DraftPlan(kind=cfg.draft.kind)
+                        default_top_p=srv.default_top_p, log_level=srv.log_level,
+                        drain_seconds=float(srv.drain_seconds))
     kinds = dict.fromkeys(info.layer_kinds)
     unbatchable = [k for k in kinds if k not in PLACEMENT]
     if b.mode == "continuous" and unbatchable:
@@ -296,6 +298,8 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     lone_row = ("unbatched (generate_step arithmetic, no padding or mask) until a second "
                 "row is admitted; then its cache joins the batch" if b.mode == "continuous"
                 else "unbatched, always")
+    if draft.kind != "none":
+        lone_row = "in the batched step, as a batch of one (where it speculates)"
     batch = BatchPlan(mode=b.mode, max_rows=b.max_rows, prefill_chunk=b.prefill_chunk,
                       prefill_rows=b.prefill_rows,
                       kv_budget_bytes=kv_budget or mem.kv_budget_bytes, max_queue=b.max_queue,

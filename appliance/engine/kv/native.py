@@ -50,12 +50,17 @@ class SlidingLayout(BatchRotatingKVCache):
     """Sliding window: each row keeps its last `max_size` tokens (mlx-lm's rotation)."""
 
     def rollback(self, i: int, n: int) -> None:
-        """Exact until the ring first wraps (the buffer is then in time order, as a full
-        layer's); after that the dropped tokens have overwritten ones the row's window
-        would need again, so it refuses (the plan keeps speculation off such models)."""
-        if self.rotated or self.keys is None or self._offset > self.keys.shape[2]:
-            raise NotImplementedError("a sliding-window layer cannot roll a row back once "
-                                      "its window has wrapped")
+        """Exact while the buffer is in time order and ends at the write cursor: before the
+        ring first wraps, and right after a multi-token pass (mlx-lm then keeps the last
+        `max_size - 1` tokens plus all new ones, so dropping up to the new ones less one
+        still leaves every row its whole window). A 1-token step writes into the ring in
+        place over the oldest token, which a rollback could not bring back: refused."""
+        if self.keys is None or self.rotated or self._idx != self.keys.shape[2]:
+            raise NotImplementedError("a sliding-window layer can roll a row back only "
+                                      "right after a multi-token pass, or before it wraps")
+        if self._offset > self._idx and self._idx - n < self.max_size - 1:
+            raise NotImplementedError(f"rolling back {n} tokens would cut into the "
+                                      f"{self.max_size}-token window")
         roll_row_back(self, i, n)
 
 

@@ -105,15 +105,21 @@ class _Stored:
             for b, part in zip(buf, self.codec.encode(x, which), strict=True):
                 b[..., at:end, :] = part
 
+    # A multi-token pass that stands for that many decode steps (a speculative verify)
+    # attends as decode does, over the codes of every token, its own included, so its
+    # tokens equal those steps'; a prefill chunk attends over its fresh float KV.
+    decode_like = False
+
     def _fetch(self, end: int, fresh_k, fresh_v):
         """Codes for a decode step; float KV (history decoded + the fresh chunk as computed)
         for a prefill chunk, and for every step on the reference path."""
         n = fresh_k.shape[2]
         keys, values = _slice(self.keys, 0, end), _slice(self.values, 0, end)
-        if n == 1 and not self.reference and self.codec.attends:
+        decode = n == 1 or self.decode_like
+        if decode and not self.reference and self.codec.attends:
             return Codes(keys, self.codec), Codes(values, self.codec)
         dt = fresh_k.dtype
-        if n == 1:
+        if decode:
             return self.codec.decode(keys, "k", dt), self.codec.decode(values, "v", dt)
         if end == n:
             return fresh_k, fresh_v

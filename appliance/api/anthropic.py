@@ -1,0 +1,375 @@
+"""Anthropic's Messages API (`POST /v1/messages`) over the same engine and chat pipeline.
+
+The request is translated into OpenAI chat terms (`Conversation`): system prompt, content
+blocks, `tool_use` as assistant tool calls, `tool_result` as tool messages, Anthropic's
+`tool_choice` as OpenAI's. Output comes back as content blocks, with Anthropic's stream
+events, stop reasons, usage (`cache_read_input_tokens`: prompt tokens the prefix cache
+served) and error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from appliance.api import metrics
+from appliance.api.errors import (
+    APIError,
+    generation_failed,
+    handle_http,
+    handle_too_deep,
+    handle_validation,
+    invalid,
+)
+from appliance.api.output import response_schema
+from appliance.api.requests import (
+    Conversation,
+    Prepared,
+    _range,
+    _stops,
+    prepare_conversation,
+)
+from appliance.api.textgen import Done, Piece, generate
+from appliance.api.tools import ToolCall
+from appliance.engine import SamplingParams
+
+log = logging.getLogger("appliance.api")
+
+
+class MessagesRequest(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: int
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # format: a JSON schema, enforced
+    cache_control: dict[str, Any] | None = None  # prefix caching is automatic here
+    metadata: dict[str, Any] | None = None  # user_id: labels metrics
+    service_tier: str | None = None  # one tier here
+    user_profile_id: str | None = None  # attribution only
+    workspace_id: str | None = None
+    speed: str | None = None  # "standard" only
+    # Known, not supported: refused when set.
+    thinking: Any = None
+    container: Any = None
+    mcp_servers: Any = None
+    context_management: Any = None
+    diagnostics: Any = None
+    inference_geo: Any = None
+
+
+REFUSED = {"thinking": "extended thinking is not supported",
+           "container": "code-execution containers are not supported",
+           "mcp_servers": "MCP servers are not supported",
+           "context_management": "context management is not supported",
+           "diagnostics": "prompt-cache diagnostics are not supported",
+           "inference_geo": "this server runs where it runs"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+               415: "invalid_request_error", 429: "rate_limit_error", 500: "api_error",
+               503: "overloaded_error"}
+
+
+# -- errors in Anthropic's shape -------------------------------------------------------------
+def error_body(err: APIError) -> dict:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(err.status, "api_error"),
+                                       "message": err.message}}
+
+
+def _as_anthropic(handler):
+    """Wrap an OpenAI-shaped error handler: same status and message, Anthropic's body."""
+    def handle(request: Request, exc: Exception) -> Response:
+        r = handler(request, exc)
+        err = r.content["error"]
+        body = {"type": "error", "error": {"type": ERROR_TYPES.get(r.status_code, "api_error"),
+                                           "message": err["message"]}}
+        return Response(body, status_code=r.status_code, headers=r.headers)
+    return handle
+
+
+def _api_error(_: Request, exc: APIError) -> Response:
+    return Response(error_body(exc), status_code=exc.status, headers=exc.headers)
+
+
+def _unexpected(request: Request, exc: Exception) -> Response:
+    log.error("500 on %s %s", request.method, request.url.path, exc_info=exc)
+    return _api_error(request, APIError(500, f"internal error: {exc}"))
+
+
+HANDLERS = {APIError: _api_error, ValidationException: _as_anthropic(handle_validation),
+            HTTPException: _as_anthropic(handle_http),
+            RecursionError: _as_anthropic(handle_too_deep), Exception: _unexpected}
+
+
+# -- request -> Conversation ------------------------------------------------------------------
+def _text(blocks, param: str) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise invalid(param, "must be a string or a list of text blocks")
+    for j, b in enumerate(blocks):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"),
+                                                                                 str):
+            kind = b.get("type") if isinstance(b, dict) else type(b).__name__
+            raise invalid(f"{param}[{j}].type", f"{kind!r} blocks are not supported here "
+                                                "(text only)")
+    return "".join(b["text"] for b in blocks)
+
+
+def _messages(body: MessagesRequest) -> list[dict]:
+    out: list[dict] = []
+    if body.system is not None:
+        out.append({"role": "system", "content": _text(body.system, "system")})
+    for i, m in enumerate(body.messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in ("user", "assistant"):
+            raise invalid(f"messages[{i}].role", f"{role!r} is not one of user, assistant")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise invalid(f"messages[{i}].content", "must be a string or a list of blocks")
+        text, calls = [], []
+        for j, b in enumerate(content):
+            kind = b.get("type") if isinstance(b, dict) else None
+            where = f"messages[{i}].content[{j}]"
+            if kind == "text" and isinstance(b.get("text"), str):
+                text.append(b["text"])
+            elif kind == "tool_use" and role == "assistant":
+                calls.append({"id": b.get("id"), "type": "function",
+                              "function": {"name": b.get("name"),
+                                           "arguments": b.get("input") or {}}})
+            elif kind == "tool_result" and role == "user":
+                result = _text(b.get("content") or "", f"{where}.content")
+                if b.get("is_error"):
+                    result = f"Error: {result}"
+                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                            "content": result})
+            else:
+                raise invalid(f"{where}.type", f"{kind!r} blocks are not supported in "
+                                               f"{role} messages")
+        if text or calls or not any(isinstance(b, dict) and b.get("type") == "tool_result"
+                                    for b in content):
+            msg = {"role": role, "content": "".join(text)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def _tools(tools) -> list[dict] | None:
+    if tools is None:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") not in (None, "custom"):
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise invalid(f"tools[{i}].type", f"{kind!r}: only client tools (name, "
+                                              "input_schema) are supported")
+        if not isinstance(t.get("name"), str) or not t["name"]:
+            raise invalid(f"tools[{i}].name", "every tool needs a name")
+        if not isinstance(t.get("input_schema"), dict):
+            raise invalid(f"tools[{i}].input_schema", "must be a JSON schema object")
+        fn = {"name": t["name"], "parameters": t["input_schema"]}
+        if t.get("description"):
+            fn["description"] = t["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice) -> tuple[Any, bool | None]:
+    """Anthropic's tool_choice as (OpenAI's tool_choice, parallel_tool_calls)."""
+    if choice is None:
+        return None, None
+    kind = choice.get("type")
+    parallel = False if choice.get("disable_parallel_tool_use") else None
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
+    raise invalid("tool_choice.type", f"{kind!r} is not one of auto, any, tool, none")
+
+
+def prepare_messages(body: MessagesRequest, plan, tokenizer) -> Prepared:
+    if body.model != plan.model.id:
+        raise APIError(404, f"model: {body.model!r} does not exist; this server serves "
+                            f"{plan.model.id!r}", param="model", code="model_not_found")
+    for name, why in REFUSED.items():
+        if getattr(body, name) is not None:
+            raise invalid(name, why)
+    if not body.messages:
+        raise invalid("messages", "must contain at least one message")
+    if body.speed not in (None, "standard"):
+        raise invalid("speed", f"{body.speed!r}: only 'standard' is supported")
+    oc = body.output_config or {}
+    if oc.get("effort") is not None:
+        raise invalid("output_config.effort", "effort control is not supported")
+    schema = None
+    if oc.get("format") is not None:
+        fmt = oc["format"]
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            raise invalid("output_config.format.type", "only 'json_schema' is supported")
+        schema = response_schema({"type": "json_schema", "json_schema": fmt},
+                                 "output_config.format")
+    _range("temperature", body.temperature, 0, 1)
+    _range("top_p", body.top_p, 0, 1, lo_open=True)
+    vocab = plan.model.vocab_size
+    if body.top_k is not None and not 0 <= body.top_k < vocab:
+        raise invalid("top_k", f"{body.top_k} is out of range [0, {vocab})")
+    sampling = SamplingParams(
+        temperature=plan.server.default_temperature if body.temperature is None
+        else body.temperature,
+        top_p=plan.server.default_top_p if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0)
+    tool_choice, parallel = _tool_choice(body.tool_choice)
+    conv = Conversation(_messages(body), _tools(body.tools), tool_choice, parallel, schema,
+                        max_tokens=("max_tokens", body.max_tokens),
+                        schema_param="output_config.format.schema")
+    return prepare_conversation(conv, sampling, _stops(body.stop_sequences), plan, tokenizer)
+
+
+# -- output ------------------------------------------------------------------------------------
+def _stop_reason(done: Done, user_stops: tuple[str, ...]) -> tuple[str, str | None]:
+    if done.finish_reason == "length":
+        return "max_tokens", None
+    if done.finish_reason == "tool_calls":
+        return "tool_use", None
+    if done.stop_sequence is not None and done.stop_sequence in user_stops:
+        return "stop_sequence", done.stop_sequence
+    return "end_turn", None
+
+
+def _usage(done: Done) -> dict:
+    return {"input_tokens": done.prompt_tokens - done.cached_tokens,
+            "output_tokens": done.completion_tokens,
+            "cache_read_input_tokens": done.cached_tokens,
+            "cache_creation_input_tokens": 0}
+
+
+def _tool_use(c: ToolCall) -> dict:
+    return {"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)}
+
+
+def _event(kind: str, data: dict) -> bytes:
+    return (f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode({"type": kind, **data})
+            + b"\n\n")
+
+
+@post("/v1/messages", status_code=200, exception_handlers=HANDLERS)
+async def messages(request: Request, state: State,
+                   data: JSONBody[MessagesRequest]) -> Response | Stream:
+    from appliance.api.routes import SSE_HEADERS, _unless_disconnected
+
+    metrics.tag_agent(request, (data.metadata or {}).get("user_id"))
+    prep = await asyncio.to_thread(prepare_messages, data, state.plan, state.tokenizer)
+    user_stops = tuple(data.stop_sequences or ())
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    head = {"id": mid, "type": "message", "role": "assistant", "model": state.plan.model.id}
+    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
+    if not data.stream:
+        items: list = []
+
+        async def collect() -> Done:
+            async for item in gen:
+                if isinstance(item, Done):
+                    return item
+                items.append(item)
+            raise RuntimeError("generation ended without a result")
+
+        done = await _unless_disconnected(request, gen, collect())
+        if done.error:
+            raise generation_failed(done.error)
+        content, text = [], "".join(p.text for p in items if isinstance(p, Piece))
+        if text:
+            content.append({"type": "text", "text": text})
+        content += [_tool_use(c) for c in items if isinstance(c, ToolCall)]
+        reason, seq = _stop_reason(done, user_stops)
+        return Response({**head, "content": content, "stop_reason": reason,
+                         "stop_sequence": seq, "usage": _usage(done)})
+
+    first = await _unless_disconnected(request, gen, gen.__anext__())
+    if isinstance(first, Done) and first.error:
+        raise generation_failed(first.error)
+
+    async def events() -> AsyncIterator[bytes]:
+        n_prompt = len(prep.engine_request.prompt)
+        yield _event("message_start", {"message": {
+            **head, "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": n_prompt, "output_tokens": 0}}})
+        index, open_text, item = 0, False, first
+        try:
+            while not isinstance(item, Done):
+                if isinstance(item, Piece) and item.text:
+                    if not open_text:
+                        yield _event("content_block_start", {
+                            "index": index, "content_block": {"type": "text", "text": ""}})
+                        open_text = True
+                    yield _event("content_block_delta", {
+                        "index": index, "delta": {"type": "text_delta", "text": item.text}})
+                elif isinstance(item, ToolCall):
+                    if open_text:
+                        yield _event("content_block_stop", {"index": index})
+                        index, open_text = index + 1, False
+                    yield _event("content_block_start", {"index": index, "content_block": {
+                        "type": "tool_use", "id": item.id, "name": item.name, "input": {}}})
+                    yield _event("content_block_delta", {"index": index, "delta": {
+                        "type": "input_json_delta", "partial_json": item.arguments}})
+                    yield _event("content_block_stop", {"index": index})
+                    index += 1
+                item = await gen.__anext__()
+            if open_text:
+                yield _event("content_block_stop", {"index": index})
+            if item.error:
+                log.error("generation failed mid-stream: %s", item.error)
+                yield _event("error", error_body(generation_failed(item.error)))
+                return
+            reason, seq = _stop_reason(item, user_stops)
+            yield _event("message_delta", {"delta": {"stop_reason": reason,
+                                                     "stop_sequence": seq},
+                                           "usage": _usage(item)})
+            yield _event("message_stop", {})
+        finally:
+            await gen.aclose()
+
+    return Stream(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class CountTokensRequest(msgspec.Struct, kw_only=True):
+    model: str
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: Any = None
+
+
+@post("/v1/messages/count_tokens", status_code=200, exception_handlers=HANDLERS)
+async def count_tokens(state: State, data: JSONBody[CountTokensRequest]) -> dict:
+    """The prompt's tokens as /v1/messages would count them."""
+    body = MessagesRequest(model=data.model, max_tokens=1, messages=data.messages,
+                           system=data.system, tools=data.tools, tool_choice=data.tool_choice,
+                           thinking=data.thinking)
+    prep = await asyncio.to_thread(prepare_messages, body, state.plan, state.tokenizer)
+    return {"input_tokens": len(prep.engine_request.prompt)}
+
+
+ROUTES = [messages, count_tokens]

@@ -1,0 +1,88 @@
+"""What a chat request asks of its output: tools to offer, calls to parse, a grammar to obey.
+
+One place turns `tools` / `tool_choice` / `parallel_tool_calls` / `response_format` (OpenAI
+terms; the Anthropic and Responses endpoints translate to them) into:
+- the tools the chat template renders (none for tool_choice "none");
+- the `ToolFormat` that parses calls out of the text (tool_choice "auto");
+- the grammar a constrained row decodes under: the response's JSON schema, a forced call
+  (tool_choice "required" or a named function), or either of the two (JSON content or a
+  call, for "auto" with a response format).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from appliance.api import tools as tl
+from appliance.api.errors import APIError, invalid
+from appliance.api.grammar import Grammar, compile_grammar, json_rule
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    template_tools: list | None
+    tools: tl.ToolFormat | None
+    grammar: Grammar | None
+
+
+def response_schema(rf, param: str = "response_format") -> dict | None:
+    """The JSON schema `response_format` asks for, or None for free text."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict):
+        raise invalid(param, "must be an object")
+    kind = rf.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise invalid(f"{param}.json_schema.schema", "must be a JSON schema object")
+        return schema
+    raise invalid(f"{param}.type", f"{kind!r} is not one of text, json_object, json_schema")
+
+
+def output_spec(tokenizer, n_vocab: int, tools, tool_choice, parallel: bool | None,
+                schema: dict | None, tools_param: str = "tools",
+                schema_param: str = "response_format.json_schema.schema") -> OutputSpec:
+    if parallel is not None and not isinstance(parallel, bool):
+        raise invalid("parallel_tool_calls", "must be a boolean")
+    mode, offered, fmt = "none", [], None
+    if tools:
+        tools = tl.check_tools(tools, tools_param)
+        mode, offered = tl.chosen(tools, tool_choice)
+        if mode != "none":
+            fmt = replace(tl.tool_format(tokenizer, tools_param), tools=tools,
+                          max_calls=1 if parallel is False else None)
+    elif tool_choice not in (None, "none", "auto"):
+        raise invalid("tool_choice", "needs tools")
+    rules, start = [], []
+    if schema is not None and mode != "required":
+        rules.append(f"content: {json_rule(schema)}")
+        start.append("content")
+    if fmt is not None and (mode == "required" or schema is not None):
+        rules.append(tl.calls_lark(fmt, offered, fmt.max_calls))
+        start.append("calls")
+    grammar = None
+    if start:
+        lark = "\n".join([f"start: {' | '.join(start)}", *rules])
+        try:
+            grammar = compile_grammar(tokenizer, n_vocab, lark, schema_param,
+                                      f"{mode} tools, schema={schema is not None}")
+        except APIError:
+            _blame(tokenizer, n_vocab, schema, schema_param, tools, offered if fmt else [],
+                   tools_param)
+            raise
+    return OutputSpec(tools if mode != "none" else None, fmt, grammar)
+
+
+def _blame(tokenizer, n_vocab, schema, schema_param, tools, offered, tools_param) -> None:
+    """Compile each schema alone, to name the one llguidance refuses."""
+    if schema is not None:
+        compile_grammar(tokenizer, n_vocab, f"start: {json_rule(schema)}", schema_param, "")
+    for t in offered:
+        compile_grammar(tokenizer, n_vocab, f"start: {json_rule(tl.call_schema(t))}",
+                        f"{tools_param}[{tools.index(t)}].function.parameters", "")

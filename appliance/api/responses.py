@@ -1,0 +1,317 @@
+"""OpenAI's Responses API (`POST /v1/responses`): text, function tools, structured output and
+streaming events, over the same chat pipeline. Stateless: nothing is stored, so
+`previous_response_id` and `store=true` are refused (send the whole conversation)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from appliance.api import metrics
+from appliance.api.errors import APIError, generation_failed, invalid
+from appliance.api.output import response_schema
+from appliance.api.requests import (
+    Conversation,
+    Prepared,
+    _range,
+    prepare_conversation,
+)
+from appliance.api.textgen import Done, Piece, generate
+from appliance.api.tools import ToolCall
+from appliance.engine import SamplingParams
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    store: bool | None = None
+    truncation: str | None = None
+    # Known, not supported: refused when set.
+    previous_response_id: Any = None
+    reasoning: Any = None
+    include: Any = None
+    background: Any = None
+    prompt: Any = None
+    conversation: Any = None
+    top_logprobs: Any = None
+    max_tool_calls: Any = None
+
+
+REFUSED = {"previous_response_id": "this server stores no responses; send the conversation",
+           "conversation": "this server stores no conversations; send the conversation",
+           "reasoning": "reasoning settings are not supported",
+           "background": "background responses are not supported",
+           "prompt": "stored prompts are not supported",
+           "top_logprobs": "is not supported on /v1/responses (use /v1/chat/completions)",
+           "max_tool_calls": "is not supported"}
+
+
+def _content_text(content, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(param, "must be a string or a list of content parts")
+    parts = []
+    for j, p in enumerate(content):
+        if not isinstance(p, dict) or p.get("type") not in ("input_text", "output_text",
+                                                            "text"):
+            kind = p.get("type") if isinstance(p, dict) else None
+            raise invalid(f"{param}[{j}].type", f"{kind!r}: only text parts are supported")
+        parts.append(p.get("text") or "")
+    return "".join(parts)
+
+
+def _messages(body: ResponsesRequest) -> list[dict]:
+    out: list[dict] = []
+    if body.instructions:
+        out.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        return [*out, {"role": "user", "content": body.input}]
+    for i, item in enumerate(body.input):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise invalid(f"input[{i}].role", f"{role!r} is not one of user, assistant, "
+                                                  "system, developer")
+            out.append({"role": role, "content": _content_text(item.get("content"),
+                                                               f"input[{i}].content")})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"),
+                                 "arguments": item.get("arguments") or "{}"}}
+            if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                        "content": _content_text(item.get("output") or "",
+                                                 f"input[{i}].output")})
+        else:
+            raise invalid(f"input[{i}].type", f"{kind!r} items are not supported")
+    from appliance.api.tools import message_tool_calls
+
+    for i, m in enumerate(out):
+        if "tool_calls" in m:
+            m["tool_calls"] = message_tool_calls(m["tool_calls"], f"input[{i}]")
+    return out
+
+
+def _tools(tools) -> list[dict] | None:
+    if tools is None:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise invalid(f"tools[{i}].type", f"{kind!r}: only function tools are supported")
+        fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice):
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _schema(text: dict | None) -> dict | None:
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":  # flat, unlike chat's
+        return response_schema({"type": "json_schema", "json_schema": fmt}, "text.format")
+    return response_schema(fmt, "text.format")
+
+
+def prepare_response(body: ResponsesRequest, plan, tokenizer) -> Prepared:
+    if body.model != plan.model.id:
+        raise APIError(404, f"model: {body.model!r} does not exist; this server serves "
+                            f"{plan.model.id!r}", param="model", code="model_not_found")
+    for name, why in REFUSED.items():
+        if getattr(body, name) is not None:
+            raise invalid(name, why)
+    if body.include:
+        raise invalid("include", "no extra output data is supported")
+    if body.store:
+        raise invalid("store", "this server stores no responses")
+    if body.truncation not in (None, "disabled"):
+        raise invalid("truncation", "only 'disabled' is supported")
+    if not body.input:
+        raise invalid("input", "must not be empty")
+    _range("temperature", body.temperature, 0, 2)
+    _range("top_p", body.top_p, 0, 1, lo_open=True)
+    sampling = SamplingParams(
+        temperature=plan.server.default_temperature if body.temperature is None
+        else body.temperature,
+        top_p=plan.server.default_top_p if body.top_p is None else body.top_p)
+    conv = Conversation(_messages(body), _tools(body.tools), _tool_choice(body.tool_choice),
+                        body.parallel_tool_calls, _schema(body.text),
+                        max_tokens=("max_output_tokens", body.max_output_tokens),
+                        prompt_param="input", schema_param="text.format.schema")
+    return prepare_conversation(conv, sampling, (), plan, tokenizer)
+
+
+class _Builder:
+    """The response object and its output items, as they accumulate."""
+
+    def __init__(self, plan, body: ResponsesRequest):
+        self.id, self.created = f"resp_{uuid.uuid4().hex[:24]}", int(time.time())
+        self.msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.plan, self.body, self.output, self.text = plan, body, [], None
+
+    def response(self, status: str, done: Done | None = None) -> dict:
+        b = self.body
+        r = {"id": self.id, "object": "response", "created_at": self.created,
+             "status": status, "model": self.plan.model.id, "output": self.output,
+             "error": None, "incomplete_details": None, "instructions": b.instructions,
+             "max_output_tokens": b.max_output_tokens, "metadata": b.metadata or {},
+             "parallel_tool_calls": b.parallel_tool_calls is not False,
+             "temperature": b.temperature, "top_p": b.top_p, "tools": b.tools or [],
+             "tool_choice": b.tool_choice or "auto", "text": b.text or {"format":
+                                                                         {"type": "text"}},
+             "truncation": "disabled", "store": False, "previous_response_id": None,
+             "reasoning": None, "user": b.user, "usage": None}
+        if done is not None:
+            if done.finish_reason == "length":
+                r["incomplete_details"] = {"reason": "max_output_tokens"}
+            r["usage"] = {"input_tokens": done.prompt_tokens,
+                          "input_tokens_details": {"cached_tokens": done.cached_tokens},
+                          "output_tokens": done.completion_tokens,
+                          "output_tokens_details": {"reasoning_tokens": 0},
+                          "total_tokens": done.prompt_tokens + done.completion_tokens}
+        return r
+
+    def message(self, text: str, status: str) -> dict:
+        return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]
+                if status == "completed" else []}
+
+    @staticmethod
+    def call(c: ToolCall, status: str) -> dict:
+        return {"type": "function_call", "id": f"fc_{c.id.removeprefix('call_')}",
+                "call_id": c.id, "name": c.name,
+                "arguments": c.arguments if status == "completed" else "", "status": status}
+
+
+@post("/v1/responses", status_code=200)
+async def responses(request: Request, state: State,
+                    data: JSONBody[ResponsesRequest]) -> Response | Stream:
+    from appliance.api.routes import SSE_HEADERS, _unless_disconnected
+
+    metrics.tag_agent(request, data.user)
+    prep = await asyncio.to_thread(prepare_response, data, state.plan, state.tokenizer)
+    out = _Builder(state.plan, data)
+    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
+    if not data.stream:
+        items: list = []
+
+        async def collect() -> Done:
+            async for item in gen:
+                if isinstance(item, Done):
+                    return item
+                items.append(item)
+            raise RuntimeError("generation ended without a result")
+
+        done = await _unless_disconnected(request, gen, collect())
+        if done.error:
+            raise generation_failed(done.error)
+        text = "".join(p.text for p in items if isinstance(p, Piece))
+        if text or not any(isinstance(c, ToolCall) for c in items):
+            out.output.append(out.message(text, "completed"))
+        out.output += [out.call(c, "completed") for c in items if isinstance(c, ToolCall)]
+        status = "incomplete" if done.finish_reason == "length" else "completed"
+        return Response(out.response(status, done))
+
+    first = await _unless_disconnected(request, gen, gen.__anext__())
+    if isinstance(first, Done) and first.error:
+        raise generation_failed(first.error)
+
+    async def events() -> AsyncIterator[bytes]:
+        seq = iter(range(1 << 62))
+
+        def ev(kind: str, **data) -> bytes:
+            return (f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode(
+                {"type": kind, "sequence_number": next(seq), **data}) + b"\n\n")
+
+        yield ev("response.created", response=out.response("in_progress"))
+        yield ev("response.in_progress", response=out.response("in_progress"))
+        text, text_index, item = None, None, first
+        try:
+            while not isinstance(item, Done):
+                if isinstance(item, Piece) and item.text:
+                    if text is None:
+                        text, text_index = "", len(out.output)
+                        out.output.append(out.message("", "in_progress"))
+                        yield ev("response.output_item.added", output_index=text_index,
+                                 item=out.output[text_index])
+                        yield ev("response.content_part.added", item_id=out.msg_id,
+                                 output_index=text_index, content_index=0,
+                                 part={"type": "output_text", "text": "", "annotations": []})
+                    text += item.text
+                    yield ev("response.output_text.delta", item_id=out.msg_id,
+                             output_index=text_index, content_index=0, delta=item.text,
+                             logprobs=[])
+                elif isinstance(item, ToolCall):
+                    for b in _close_text(ev, out, text, text_index):
+                        yield b
+                    text = None
+                    i = len(out.output)
+                    out.output.append(out.call(item, "in_progress"))
+                    fc = out.output[i]
+                    yield ev("response.output_item.added", output_index=i, item=fc)
+                    yield ev("response.function_call_arguments.delta", item_id=fc["id"],
+                             output_index=i, delta=item.arguments)
+                    yield ev("response.function_call_arguments.done", item_id=fc["id"],
+                             output_index=i, arguments=item.arguments, name=item.name)
+                    out.output[i] = out.call(item, "completed")
+                    yield ev("response.output_item.done", output_index=i, item=out.output[i])
+                item = await gen.__anext__()
+            for b in _close_text(ev, out, text, text_index):
+                yield b
+            if item.error:
+                yield ev("error", code="generation_error", message=item.error, param=None)
+                return
+            kind = "incomplete" if item.finish_reason == "length" else "completed"
+            yield ev(f"response.{kind}", response=out.response(kind, item))
+        finally:
+            await gen.aclose()
+
+    return Stream(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _close_text(ev, out: _Builder, text: str | None, index: int | None):
+    if text is None:
+        return
+    part = {"type": "output_text", "text": text, "annotations": []}
+    yield ev("response.output_text.done", item_id=out.msg_id, output_index=index,
+             content_index=0, text=text, logprobs=[])
+    yield ev("response.content_part.done", item_id=out.msg_id, output_index=index,
+             content_index=0, part=part)
+    out.output[index] = out.message(text, "completed")
+    yield ev("response.output_item.done", output_index=index, item=out.output[index])
+
+
+ROUTES = [responses]

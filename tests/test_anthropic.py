@@ -1,0 +1,133 @@
+"""Anthropic's Messages API on the real server, driven by the official anthropic client."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 12},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER}]
+MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)
+
+
+def test_text_matches_chat_completions(claude, client, plan):
+    system = "You are terse."
+    m = claude.messages.create(model=plan.model.id, max_tokens=12, system=system,
+                               messages=MSGS, extra_body={"temperature": 0})
+    r = client.chat.completions.create(model=plan.model.id, max_tokens=12, temperature=0,
+                                       messages=[{"role": "system", "content": system}, *MSGS])
+    assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
+    assert [b.type for b in m.content] == ["text"]
+    assert m.content[0].text == r.choices[0].message.content
+    assert m.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[
+        r.choices[0].finish_reason]
+    u = m.usage
+    assert u.input_tokens + u.cache_read_input_tokens == r.usage.prompt_tokens
+    assert u.output_tokens == r.usage.completion_tokens
+
+
+def test_prefix_cache_reads_are_reported(claude, plan):
+    long = [{"role": "user", "content": "def f(x):\n    return x\n" * 40}]
+    claude.messages.create(model=plan.model.id, max_tokens=2, messages=long)
+    m = claude.messages.create(model=plan.model.id, max_tokens=2, messages=long)
+    assert m.usage.cache_read_input_tokens > 100
+
+
+def test_streaming_event_sequence(claude, plan):
+    with claude.messages.stream(model=plan.model.id, max_tokens=16, messages=MSGS,
+                                extra_body={"temperature": 0.7, "top_p": 0.9,
+                                            "top_k": 40}) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert kinds[-2] == "message_delta" and "content_block_start" in kinds
+    assert kinds.index("content_block_start") < kinds.index("content_block_stop")
+    assert final.stop_reason in ("max_tokens", "end_turn") and final.usage.output_tokens > 0
+    assert final.content[0].type == "text" and final.content[0].text
+
+
+def test_stop_sequences(claude, plan):
+    full = claude.messages.create(model=plan.model.id, max_tokens=30, messages=MSGS,
+                                  extra_body={"temperature": 0}).content[0].text
+    stop = full[6:9]
+    m = claude.messages.create(model=plan.model.id, max_tokens=30, messages=MSGS,
+                               extra_body={"temperature": 0}, stop_sequences=[stop])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert m.content[0].text == full[:full.find(stop)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_use_and_a_tool_result_turn(claude, plan, stream):
+    kw = dict(model=plan.model.id, max_tokens=60, messages=MSGS, tools=TOOLS,
+              tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    if stream:
+        with claude.messages.stream(**kw) as s:
+            m = s.get_final_message()
+    else:
+        m = claude.messages.create(**kw)
+    assert m.stop_reason == "tool_use"
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather"
+    jsonschema.validate(uses[0].input, WEATHER)
+    follow = [*MSGS, {"role": "assistant", "content": m.content},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                            "content": "sunny, 21C"},
+                                           {"type": "text", "text": "And tomorrow?"}]}]
+    m2 = claude.messages.create(model=plan.model.id, max_tokens=5, messages=follow,
+                                tools=TOOLS, tool_choice={"type": "tool",
+                                                          "name": "get_weather"})
+    assert [b.type for b in m2.content] == ["tool_use"] or m2.stop_reason == "max_tokens"
+    n = claude.messages.count_tokens(model=plan.model.id, messages=follow, tools=TOOLS)
+    assert n.input_tokens == m2.usage.input_tokens + m2.usage.cache_read_input_tokens
+
+
+@pytest.mark.parametrize("extra,status,fragment", [
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "thinking"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "tools[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
+     "messages[0].content[0].type"),
+    ({"extra_body": {"temperature": 1.5}}, 400, "temperature"),
+    ({"output_config": {"effort": "high"}}, 400, "output_config.effort"),
+    ({"inference_geo": "us"}, 400, "inference_geo"),
+    ({"model": "claude-nope"}, 404, "claude-nope"),
+    ({"max_tokens": 10**6}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
+])
+def test_errors_have_anthropics_shape(claude, plan, extra, status, fragment):
+    kw = {"model": plan.model.id, "max_tokens": 5, "messages": MSGS, **extra}
+    with pytest.raises(anthropic.APIStatusError) as e:
+        claude.messages.create(**kw)
+    assert e.value.status_code == status
+    body = e.value.body
+    assert body["type"] == "error" and fragment in body["error"]["message"]
+    assert body["error"]["type"] == ("not_found_error" if status == 404
+                                     else "invalid_request_error")
+
+
+def test_output_config_format_is_enforced(claude, plan):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+              "required": ["city"], "additionalProperties": False}
+    m = claude.messages.create(model=plan.model.id, max_tokens=40, messages=MSGS,
+                               output_config={"format": {"type": "json_schema",
+                                                         "schema": schema}})
+    jsonschema.validate(json.loads(m.content[0].text), schema)
+
+
+def test_a_bad_body_is_an_anthropic_error(server):
+    r = httpx.post(f"{server}/v1/messages", content=b"{}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert "model" in r.json()["error"]["message"]
+    json.dumps(r.json())

@@ -1,0 +1,163 @@
+"""The process's life as a supervisor sees it, through the real `appliance` command in a
+subprocess: SIGTERM drains and exits 0 with no traceback; a failed engine exits non-zero."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import free_port
+
+from appliance.api.errors import SHUTTING_DOWN
+from appliance.serve import EXIT_ENGINE_FAILED
+
+pytestmark = pytest.mark.slow
+BAN_EOS = {"0": -100, "2": -100}  # the embedded model's EOS ids: every request runs long
+
+
+def _command(*overrides: str, inject: str | None = None) -> list[str]:
+    """The `appliance` console script (or, with `inject`, the same main() after some code)."""
+    if inject is None:
+        exe = shutil.which("appliance", path=str(Path(sys.executable).parent))
+        head = [exe] if exe else [sys.executable, "-m", "appliance.cli"]
+        return [*head, *overrides]
+    code = f"{inject}\nimport sys\nfrom appliance.cli import main\nsys.argv[0] = 'appliance'\n" \
+           "main()"
+    return [sys.executable, "-c", code, *overrides]
+
+
+class Process:
+    def __init__(self, tmp: Path, *overrides: str, inject: str | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "stderr.log"
+        self.proc = subprocess.Popen(
+            _command(f"server.port={self.port}", *overrides, inject=inject), cwd=tmp,
+            stdout=subprocess.DEVNULL, stderr=self.log.open("w"),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.time() + 120
+        while True:
+            assert self.proc.poll() is None, f"the server exited early:\n{self.stderr()}"
+            assert time.time() < deadline, f"the server did not start:\n{self.stderr()}"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+
+    def stderr(self) -> str:
+        return self.log.read_text()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"still running after {timeout}s:\n{self.stderr()}") from None
+
+
+def _stream(url: str, out: dict, started: threading.Event) -> None:
+    """One long streaming chat; records the status and every data event."""
+    body = {"model": "appliance-tiny", "stream": True, "max_tokens": 3000,
+            "messages": [{"role": "user", "content": "def main():"}], "logit_bias": BAN_EOS}
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
+            out["status"] = r.status_code
+            if r.status_code != 200:
+                out["body"] = json.loads(r.read())
+                return
+            out["events"] = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    out["events"].append(line[6:])
+                    started.set()
+    except Exception as e:  # a cut connection: what must not happen
+        out["exception"] = repr(e)
+
+
+def _ended_properly(out: dict) -> str:
+    """'finished', 'error event' or '503', or raise: each stream must end with a final event."""
+    assert "exception" not in out, out
+    if out["status"] == 503:
+        assert out["body"]["error"]["code"] == "shutting_down", out
+        return "503"
+    events = out["events"]
+    assert out["status"] == 200 and events[-1] == "[DONE]", out
+    last = json.loads(events[-2])
+    if "error" in last:
+        assert last["error"]["message"] == SHUTTING_DOWN, last
+        return "error event"
+    assert last["choices"][0]["finish_reason"] in ("stop", "length"), last
+    return "finished"
+
+
+def test_sigterm_drains_ends_every_stream_with_a_final_event_and_exits_0(tmp_path):
+    """Issue 15, F6: SIGTERM during 10 streams cut 2 queued ones with no final event, and
+    uvicorn's timeout cancelled tasks with CancelledError tracebacks in the log."""
+    drain = 2.0
+    p = Process(tmp_path, f"server.drain_seconds={drain}", "batch.max_rows=2")
+    outs = [{} for _ in range(5)]
+    started = threading.Event()
+    threads = [threading.Thread(target=_stream, args=(p.url, o, started)) for o in outs]
+    for t in threads:
+        t.start()
+    assert started.wait(60), p.stderr()
+    time.sleep(0.5)  # the others are queued behind max_rows=2 by now
+    t0 = time.perf_counter()
+    p.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    ended = time.perf_counter() - t0
+    rc = p.wait(30)
+    log = p.stderr()
+    kinds = [_ended_properly(o) for o in outs]
+    assert ended < drain + 5, f"streams took {ended:.1f}s to end (drain {drain}s)"
+    assert "error event" in kinds and "503" in kinds, kinds  # running and queued ones
+    assert rc == 0, log
+    assert "Traceback" not in log and "Cancel" not in log, log
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{p.url}/health", timeout=2)
+
+
+def test_sigterm_with_nothing_in_flight_exits_at_once(tmp_path):
+    p = Process(tmp_path, "server.drain_seconds=30")
+    t0 = time.perf_counter()
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.wait(20) == 0
+    assert time.perf_counter() - t0 < 10  # not the drain time: nothing was in flight
+    assert "Traceback" not in p.stderr()
+
+
+INJECT = """
+from appliance.engine.continuous import ContinuousScheduler
+
+def broken(self, *args):
+    raise RuntimeError("injected fault")
+
+ContinuousScheduler.step = broken
+ContinuousScheduler.fail_all = broken
+"""
+
+
+def test_a_failed_engine_exits_non_zero_for_its_supervisor(tmp_path):
+    """Issue 15, item 2: once the engine cannot go on, /health answers 503, requests get an
+    error rather than hanging, and the process exits EXIT_ENGINE_FAILED (not 0: a supervisor
+    such as launchd's KeepAlive or systemd's Restart=on-failure restarts it)."""
+    p = Process(tmp_path, inject=INJECT)
+    r = httpx.post(f"{p.url}/v1/completions", timeout=60,
+                   json={"model": "appliance-tiny", "prompt": "x", "max_tokens": 4})
+    assert r.status_code in (500, 503) and "injected fault" in r.json()["error"]["message"]
+    rc = p.wait(30)
+    assert rc == EXIT_ENGINE_FAILED, p.stderr()
+    assert "the engine has failed (RuntimeError: injected fault); stopping with exit code" \
+        in p.stderr()
