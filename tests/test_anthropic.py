@@ -8,6 +8,7 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
+from conftest import app_for
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},
@@ -38,11 +39,15 @@ def test_text_matches_chat_completions(claude, client, plan):
     assert u.output_tokens == r.usage.completion_tokens
 
 
-def test_prefix_cache_reads_are_reported(claude, plan):
+def test_prefix_cache_reads_are_reported():
     long = [{"role": "user", "content": "def f(x):\n    return x\n" * 40}]
-    claude.messages.create(model=plan.model.id, max_tokens=2, messages=long)
-    m = claude.messages.create(model=plan.model.id, max_tokens=2, messages=long)
+    with app_for(["cache=ram"]) as (plan, _, url):
+        c = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+        cold = c.messages.create(model=plan.model.id, max_tokens=2, messages=long)
+        m = c.messages.create(model=plan.model.id, max_tokens=2, messages=long)
+    assert cold.usage.cache_read_input_tokens == 0
     assert m.usage.cache_read_input_tokens > 100
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == cold.usage.input_tokens
 
 
 def test_streaming_event_sequence(claude, plan):
@@ -102,7 +107,7 @@ def test_forced_tool_use_and_a_tool_result_turn(claude, plan, stream):
     ({"output_config": {"effort": "high"}}, 400, "output_config.effort"),
     ({"inference_geo": "us"}, 400, "inference_geo"),
     ({"model": "claude-nope"}, 404, "claude-nope"),
-    ({"max_tokens": 10**6}, 400, "max_tokens"),
+    ({"max_tokens": 20000}, 400, "max_tokens"),
     ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
 ])
 def test_errors_have_anthropics_shape(claude, plan, extra, status, fragment):

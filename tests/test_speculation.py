@@ -22,7 +22,8 @@ from appliance.engine.kv import Scheme
 from appliance.engine.kv.affine import AffineCodec
 from appliance.engine.kv.turboquant import TurboCodec
 from appliance.engine.prefix_cache import PrefixCache, RamTier
-from appliance.engine.speculate import Control, LookupDrafter
+from appliance.engine.speculate import Control, LookupDrafter, ModelDrafter, MTPDrafter
+from appliance.models.mtp import MTPHead
 
 # (prompt tokens, max tokens): long enough outputs that lookups find their n-grams, and
 # that the sliding model's 16-token window wraps many times
@@ -64,40 +65,57 @@ def run(model, tok, schedule, draft=None, sampling=None, **kw):
     return rows, s
 
 
-@pytest.fixture(scope="module", params=oracle.BATCH_MODELS)
-def loaded(request):
-    model, tok = oracle.load(oracle.model_path(request.param), "float32")
-    return request.param, model, tok
-
-
 class Scripted:
     """A proposer that knows each row's plain output and proposes it with every fifth
     token wrong: acceptance and rollback both happen on every model, whatever its text."""
 
-    method = "scripted"
+    method, fed = "scripted", False
 
     def __init__(self, prompts: dict, outputs: dict):
         self.rows = [(prompts[r], outputs[r]) for r in outputs]
 
-    def propose(self, uids, contexts, ks):
+    def propose(self, batch, pend, ks):
         out = []
-        for ctx, k in zip(contexts, ks, strict=True):
+        for toks, p, k in zip(batch.tokens, pend, ks, strict=True):
+            ctx = [*toks, p]
             prompt, full = next((p, o) for p, o in self.rows if ctx[:len(p)] == p)
             at = len(ctx) - len(prompt)  # next output position to propose
             out.append([t if (at + j) % 5 != 3 else (t + 1) % 4096
                         for j, t in enumerate(full[at:at + k])])
-        return out
+        return out, None
+
+    def make_cache(self):
+        return []
+
+    def settle(self, batch):
+        pass
 
     def forget(self, uid):
         pass
 
 
-@pytest.mark.parametrize("drafter", ["lookup", "scripted"])
+@pytest.fixture(scope="module")
+def draft_model():
+    """A random-weight draft with the tiny models' vocabulary (it proposes badly, which
+    is what rollback needs; the sampling test below uses a draft that agrees more)."""
+    return oracle.load(oracle.model_path("tiny-llama"), "float32")[0]
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "scripted", "model", "mtp"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_speculation_is_token_exact_with_no_draft_at_temperature_0(loaded, schedule, drafter):
+def test_speculation_is_token_exact_with_no_draft_at_temperature_0(loaded, schedule, drafter,
+                                                                    request):
     name, model, tok = loaded
     plain, _ = run(model, tok, schedule)
-    if drafter == "lookup":
+    if drafter == "model":
+        draft = (ModelDrafter(request.getfixturevalue("draft_model"), 16),
+                 Control(3, adaptive=False))
+    elif drafter == "mtp":
+        if name == "tiny-gemma3":
+            pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
+        mx.random.seed(0)  # a random-weight head: its drafts are checked, rarely kept
+        draft = (MTPDrafter(MTPHead.for_model(model), model, 16), Control(3, adaptive=False))
+    elif drafter == "lookup":
         if name == "tiny-gemma3":
             pytest.skip("this random-weight model never repeats an n-gram: lookup proposes "
                         "only rejected drafts here (the scripted proposer covers it)")
@@ -114,8 +132,10 @@ def test_speculation_is_token_exact_with_no_draft_at_temperature_0(loaded, sched
                    for c in spec.values())
     accepted = sum(c.finished.accepted_prediction_tokens for c in spec.values())
     assert s.counters.draft_proposed == proposed and s.counters.draft_accepted == accepted
-    assert accepted > 0 and s._batch.spec_ticks > 0  # verify steps ran and kept drafts
-    assert proposed > accepted  # and some drafts were rejected (rolled back)
+    assert s._batch.spec_ticks > 0 and proposed > accepted  # drafts were verified, some
+    if drafter in ("lookup", "scripted"):  # rejected (rolled back); a random draft may
+        # never be right
+        assert accepted > 0
 
 
 @pytest.mark.parametrize("kv", ["k8v4", "turboquant"])
@@ -167,10 +187,10 @@ VOCAB = 8
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]  # every token occurs: lookup always proposes
 
 
-def _small_model():
+def _small_model(seed: int = 3):
     from mlx_lm.models import llama
 
-    mx.random.seed(3)
+    mx.random.seed(seed)
     args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=1,
                            intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
                            rms_norm_eps=1e-5, vocab_size=VOCAB, tie_word_embeddings=True)
@@ -220,19 +240,61 @@ def _sample_pairs(model, s, draft, n) -> np.ndarray:
     return counts / n
 
 
-@pytest.mark.parametrize("s", [
-    SamplingParams(temperature=1.0),
-    SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.3, logit_bias={3: 1.5}),
-], ids=["plain", "processed"])
-def test_lookup_sampling_matches_the_target_distribution(s):
+PROCESSED = SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.3, logit_bias={3: 1.5})
+
+
+@pytest.mark.parametrize("kind,s", [("lookup", PROCESSED), ("model", SamplingParams(1.0)),
+                                    ("model", PROCESSED), ("mtp", PROCESSED)],
+                         ids=["lookup", "model-plain", "model-processed", "mtp-processed"])
+def test_speculative_sampling_matches_the_target_distribution(s, kind):
+    """Lookup: a draft is kept when the target's own sample equals it. Model and MTP: a
+    sampled draft is kept with probability min(1, p/q), else the next token comes from
+    max(0, p - q); the drafts here come from another random model / a random head, so q
+    differs from p."""
     model = _small_model()
     exact = _exact_pairs(model, s)
     n = 3000
     mx.random.seed(11)
-    spec = _sample_pairs(model, s, (LookupDrafter(1, 2), Control(3, adaptive=False)), n)
+    if kind == "lookup":
+        drafter = LookupDrafter(1, 2)
+    elif kind == "model":
+        drafter = ModelDrafter(_small_model(5), 16)
+    else:
+        drafter = MTPDrafter(MTPHead.for_model(model), model, 16)
+    spec = _sample_pairs(model, s, (drafter, Control(3, adaptive=False)), n)
     rng = np.random.default_rng(0)  # TV of n exact samples, 200 times: the sampling error
     noise = [0.5 * np.abs(rng.multinomial(n, exact.ravel()) / n - exact.ravel()).sum()
              for _ in range(200)]
     tv = 0.5 * np.abs(spec - exact).sum()
     assert tv <= np.quantile(noise, 0.995), (tv, np.quantile(noise, [0.5, 0.995]))
     assert exact.max() < 0.6 and (exact > 0.01).sum() >= 8  # room to be wrong in
+
+
+# -- through the server ----------------------------------------------------------------------
+
+EDIT_PROMPT = ("def parse(text):\n    items = []\n    for line in text.splitlines():\n"
+               "        items.append(line.strip())\n    return items\n\n"
+               "# the same function, renamed\ndef parse_lines(text):\n")
+
+
+def test_a_speculating_server_is_exact_and_reports_its_drafts(client):
+    """Over HTTP with the official client: the same text as draft=none, usage carries
+    accepted/rejected prediction tokens, /stats the method's counts."""
+    import httpx
+    from conftest import app_for
+    from openai import OpenAI
+
+    want = client.completions.create(model="appliance-tiny", prompt=EDIT_PROMPT, max_tokens=40,
+                                     temperature=0)
+    with app_for(["draft=lookup"]) as (plan, engine, url):
+        c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        got = c.completions.create(model="appliance-tiny", prompt=EDIT_PROMPT, max_tokens=40,
+                                   temperature=0)
+        stats = httpx.get(f"{url}/stats").json()
+    assert got.choices[0].text == want.choices[0].text
+    details = got.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0
+    assert want.usage.completion_tokens_details.accepted_prediction_tokens == 0
+    lookup = stats["speculation"]["lookup"]
+    assert lookup["accepted"] == details.accepted_prediction_tokens
+    assert lookup["proposed"] == lookup["accepted"] + details.rejected_prediction_tokens

@@ -3,7 +3,8 @@
 Litestar documents a handler returning `Response | Stream` as an empty 200, a 400 as its own
 `{status_code, detail}`, and drops some of msgspec's ranges. Here, once per app:
 - request and response bodies are msgspec's own JSON schemas (every range it enforces);
-- every operation lists each status it can answer, with OpenAI's `{error}` body;
+- every operation lists each status it can answer, with OpenAI's `{error}` body (Anthropic's
+  `{type: "error", error}` under /v1/messages);
 - an operation whose body has a `stream` field also answers `text/event-stream`;
 - what depends on the plan is filled in: the one model id, top_k below the vocabulary.
 Any endpoint added later gets the error statuses too; its 200 body is its own handler's.
@@ -20,7 +21,9 @@ from appliance.plan.plan import is_loopback
 
 REF = "#/components/schemas/{name}"
 _BODIES = (schemas.ChatCompletionRequest, schemas.CompletionRequest, schemas.ChatCompletion,
-           schemas.Completion, schemas.ErrorResponse, schemas.ModelList, schemas.Health)
+           schemas.Completion, schemas.ErrorResponse, schemas.AnthropicError, schemas.ModelList,
+           schemas.Health)
+ANTHROPIC = "/v1/messages"  # paths under it answer errors in Anthropic's shape
 SUCCESS = {  # path -> the 200 body's component
     "/v1/chat/completions": "ChatCompletion",
     "/v1/completions": "Completion",
@@ -97,8 +100,9 @@ def document(app: Litestar, plan: ExecutionPlan) -> None:
                     ok["content"]["text/event-stream"] = sse
                 elif ok is not None:  # Litestar's own OpenAPIResponse
                     ok.content = {**(ok.content or {}), "text/event-stream": sse}
+            error = "AnthropicError" if path.startswith(ANTHROPIC) else "ErrorResponse"
             for code in _statuses(path, method, plan):
-                responses[str(code)] = _json("ErrorResponse", WHY[code])
+                responses[str(code)] = _json(error, WHY[code])
             if path == "/health":
                 responses["503"] = _json("Health", "The engine has failed: `error` says why")
             op.responses = responses

@@ -84,6 +84,18 @@ class ErrorResponse(msgspec.Struct):
     error: ErrorDetail
 
 
+class AnthropicErrorDetail(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicError(msgspec.Struct):
+    """Every failure of /v1/messages*, Anthropic's shape."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
 class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int  # taken from the prefix cache
 

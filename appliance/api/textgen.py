@@ -31,6 +31,8 @@ class Done:
     error: str | None = None
     cached_tokens: int = 0
     stop_sequence: str | None = None  # the stop sequence that ended the text, if one did
+    accepted_prediction_tokens: int = 0  # speculative decoding: draft tokens kept
+    rejected_prediction_tokens: int = 0
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -73,7 +75,8 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
                         yield Piece(pending, tuple(toks))
                 reason = "length" if event.reason == FinishReason.LENGTH else "stop"
                 yield Done(reason, event.prompt_tokens, used, event.error, event.cached_tokens,
-                           stopped)
+                           stopped, event.accepted_prediction_tokens,
+                           event.rejected_prediction_tokens)
                 return
             if stopped:
                 continue  # tokens already in flight when we cancelled

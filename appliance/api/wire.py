@@ -16,7 +16,10 @@ def envelope(plan, kind: str, rid: str, created: int) -> dict:
 def usage(done: Done) -> dict:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": done.accepted_prediction_tokens,
+                "rejected_prediction_tokens": done.rejected_prediction_tokens}}
 
 
 def sse(obj) -> bytes:

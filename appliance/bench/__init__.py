@@ -5,6 +5,7 @@
     appliance mode=bench bench.target=http://host:port   ... against a running server
     appliance mode=bench bench=decode [bench.target=mlx_lm]   B=1 decode speed
     appliance mode=bench bench=kv kv=k8v4              a KV scheme against kv=native
+    appliance mode=bench bench=spec draft=lookup       speculative decoding against draft=none
     appliance -m mode=bench batch.max_rows=1,4,8      one bench.json per sweep cell
 
 `run()` prints a table and one `BENCH ...` line, and writes `<outdir>/bench.json`
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from appliance.plan import ExecutionPlan, PlanError
 
-WORKLOADS = ("fleet", "decode", "prefix", "kv")
+WORKLOADS = ("fleet", "decode", "prefix", "kv", "spec")
 
 
 def _target_kind(target: str) -> str:
@@ -33,7 +34,7 @@ _MINIMUMS = (("clients", 1), ("requests_per_client", 1), ("system_tokens", 0),
              ("user_tokens", 1), ("max_tokens", 1), ("warmup", 0), ("stagger_s", 0),
              ("jitter_s", 0), ("decode_tokens", 2), ("repeats", 1), ("kv_context", 1),
              ("kv_short_context", 1))
-_LIST_MINIMUMS = (("kv_batches", 1), ("kv_capacity_contexts", 1))
+_LIST_MINIMUMS = (("kv_batches", 1), ("kv_capacity_contexts", 1), ("spec_batches", 1))
 
 
 def check(cfg) -> list[str]:
@@ -52,6 +53,13 @@ def check(cfg) -> list[str]:
         problems.append("bench=decode runs in-process: bench.target must be self or mlx_lm")
     if cfg.workload == "kv" and kind != "self":
         problems.append("bench=kv runs the plan's engine in-process: bench.target must be self")
+    if cfg.workload == "spec" and kind != "self":
+        problems.append("bench=spec runs the plan's engine in-process: bench.target must be "
+                        "self")
+    bad = [w for w in cfg.spec_workloads if w not in ("edit", "free")]
+    if bad or not cfg.spec_workloads:
+        problems.append(f"bench.spec_workloads={list(cfg.spec_workloads)}: valid choices are "
+                        "edit, free (one or both)")
     for name, least in _MINIMUMS:
         if getattr(cfg, name) < least:
             problems.append(f"bench.{name}={getattr(cfg, name)} must be >= {least}")
@@ -109,6 +117,15 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
         print(kv_line(doc, out), flush=True)
         return doc
     tokenizer = load_tokenizer(path)
+    if cfg.workload == "spec":
+        from appliance.bench.spec import run_spec, spec_text
+
+        doc["target"] = {"kind": kind, "model": str(path)}
+        doc["result"] = run_spec(plan, cfg, path, tokenizer)
+        out = report.write(outdir, doc)
+        print(spec_text(doc))
+        print(f"BENCH spec draft={plan.draft.kind} | {out}", flush=True)
+        return doc
     if cfg.workload == "prefix":
         from appliance.bench.prefix import prefix_text, run_prefix
 

@@ -145,6 +145,11 @@ class BenchConfig:
     kv_batches: list[int] = field(default_factory=lambda: [8, 32])  # rows decoded together
     kv_context: int = 4096  # prompt tokens per row for the batched decode
     kv_short_context: int = 128  # prompt tokens of the B=1 short row
+    # bench=spec: the plan's draft against draft=none, in the same run
+    spec_workloads: list[str] = field(default_factory=lambda: ["edit", "free"])
+    spec_batches: list[int] = field(default_factory=lambda: [1, 4, 16])  # rows together
+    spec_context: int = 512  # prompt tokens per row (a held-out stdlib file's)
+    spec_verify_cost: bool = False  # also time verify passes of 1 + k tokens per row
 
 
 @dataclass

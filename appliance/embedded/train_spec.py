@@ -163,8 +163,9 @@ def train_mtp(args):
     n = sum(v.size for _, v in tree_flatten(head.parameters()))
     print(f"mtp head: {n:,} params; {args.steps} steps x {args.batch}x{args.seq} tokens; "
           f"data {time.perf_counter() - t0:.0f}s", flush=True)
-    print("before:", "held-out loss/acc/agree-with-target %.4f %.4f %.4f"
-          % mtp_eval(head, model, held_w[:32]), flush=True)
+    loss, acc, agree = mtp_eval(head, model, held_w[:32])
+    print(f"before: held-out loss {loss:.4f} acc {acc:.4f} agree-with-target {agree:.4f}",
+          flush=True)
 
     next_batch = shuffled(train_w, args.batch, rng)
 
@@ -304,6 +305,34 @@ def accept(args):
             print(f"  k={j}: match {r['match']:.3f}  conditional {r['conditional']:.3f}  "
                   f"all first k {r['accepted_prefix']:.3f}  "
                   f"mean accepted of k {r['mean_accepted']:.2f}")
+    print("one-row decode step, float32, after a 128-token prompt (median of 50):")
+    for name, ms in decode_costs(target, head, draft, ctx[:1]).items():
+        print(f"  {name}: {ms:.2f} ms")
+
+
+def decode_costs(target, head, draft, prompt, n=50):
+    """Median ms of one greedy decode step of one row: target, draft model, MTP head."""
+    x = mx.array(prompt)
+
+    def timed(step):
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            mx.eval(step())
+            times.append(time.perf_counter() - t)
+        return 1e3 * float(np.median(times))
+
+    tc, dc, hc = make_prompt_cache(target), make_prompt_cache(draft), head.make_cache()
+    h = hidden_states(target, x, tc)
+    mx.eval(h, draft(x, cache=dc), head(h, embed(target, x), hc))
+    tok = x[:, -1:]
+    o = h[:, -1:]
+    return {
+        "target": timed(lambda: target(tok, cache=tc).argmax(-1)),
+        "draft model": timed(lambda: draft(tok, cache=dc).argmax(-1)),
+        "mtp head": timed(lambda: logits_from_hidden(
+            target, head(o, embed(target, tok), hc)).argmax(-1)),
+    }
 
 
 def main(argv=None):

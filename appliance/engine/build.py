@@ -20,16 +20,27 @@ def _recurrent_bytes(model) -> int:
     return sum(c.nbytes for c in cache if isinstance(c, ArraysCache))
 
 
-def make_drafter(draft, model):
+def make_drafter(draft, model, dtype: str, chunk: int, model_dir: str | None = None):
     """(drafter, control) for the plan's draft section; (None, None) for draft=none."""
-    from appliance.engine.speculate import Control, LookupDrafter
+    from appliance.engine.speculate import Control, LookupDrafter, ModelDrafter
 
     if draft.kind == "none":
         return None, None
     if draft.kind == "lookup":
         drafter = LookupDrafter(draft.ngram_min, draft.ngram_max)
-    else:
-        raise NotImplementedError(f"draft={draft.kind} has no proposer yet")
+    elif draft.kind == "model":
+        from appliance.engine import runner
+
+        drafter = ModelDrafter(runner.load(draft.path, dtype)[0], chunk)
+    else:  # mtp
+        from appliance.engine.runner import DTYPES
+        from appliance.engine.speculate import MTPDrafter
+        from appliance.models.mtp import load_mtp
+
+        head_file = None if draft.head == "checkpoint" else draft.path
+        head = load_mtp(model_dir, model, head_file=head_file)
+        head.set_dtype(DTYPES[dtype])
+        drafter = MTPDrafter(head, model, chunk)
     return drafter, Control(draft.k, draft.adaptive)
 
 
@@ -43,6 +54,7 @@ def build_engine(plan: ExecutionPlan) -> Engine:
         from appliance.models import materialize
 
         path = m.path if m.source == "hf" else str(materialize(m))
+        load.path = path  # where an MTP head in the checkpoint is read from
         return runner.load(path, m.dtype, m.revision)
 
     def make_scheduler(model, eos_ids, _stream):  # the engine thread runs on it
@@ -65,7 +77,8 @@ def build_engine(plan: ExecutionPlan) -> Engine:
                 ram=RamTier(c.ram_bytes) if c.kind in ("ram", "tiered") else None,
                 ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint)
                 if c.kind in ("ssd", "tiered") else None)
-        drafter, control = make_drafter(plan.draft, model)
+        drafter, control = make_drafter(plan.draft, model, m.dtype, b.prefill_chunk,
+                                        model_dir=load.path)
         return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget,
                                    prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes,
                                    scheme=scheme, prefill_rows=b.prefill_rows,

@@ -294,7 +294,7 @@ class ContinuousScheduler:
                 uid = self._batch.insert(
                     self._segments(r.prompt, cached, r.checkpoints), r.max_tokens,
                     make_sampler(r.sampling), make_processors(r.sampling), cache=cache,
-                    tokens=r.prompt[:cached])
+                    tokens=r.prompt[:cached], params=r.sampling)
             except Exception as e:  # e.g. an empty prompt: this request only
                 self.budget.release(h.id)
                 self.counters.finished += 1

@@ -68,6 +68,26 @@ def repair_random_state() -> None:
         mx.random.seed(int.from_bytes(os.urandom(8), "little"))
 
 
+def distribution(s: SamplingParams, logprobs: mx.array) -> mx.array:
+    """The probabilities a sampled row draws from: its top_p / min_p / top_k filters, in
+    the samplers' order, then its temperature (speculative sampling compares these)."""
+    if 0 < s.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, s.top_p)
+    if s.min_p != 0.0:
+        logprobs = apply_min_p(logprobs, s.min_p, 1)
+    if s.top_k > 0:
+        logprobs = apply_top_k(logprobs, s.top_k)
+    return mx.softmax(logprobs * (1.0 / s.temperature), axis=-1)
+
+
+def row_key(sampler) -> mx.array | None:
+    """A fresh key from a seeded row's own stream (None: the global one)."""
+    if isinstance(sampler, SeededSampler):
+        sampler.key, sub = mx.random.split(sampler.key)
+        return sub
+    return None
+
+
 def make_sampler(s: SamplingParams):
     """Greedy rows share mlx-lm's greedy sampler (so a greedy batch samples in one call)."""
     if s.temperature == 0:

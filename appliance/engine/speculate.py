@@ -44,14 +44,22 @@ class LookupDrafter:
     tokens are accepted (a row's accepted tokens never shrink), so a step costs O(k)."""
 
     method = "lookup"
+    fed = False  # keeps no layers of its own
 
     def __init__(self, lo: int, hi: int):
         self.lo, self.hi = lo, hi
         self._index: dict[int, tuple[int, list[dict]]] = {}  # uid -> (indexed up to, maps)
 
-    def propose(self, uids: list[int], contexts: list[list[int]], ks: list[int]) -> list[list[int]]:
-        return [self._one(uid, ctx, k) if k > 0 else [] for uid, ctx, k in
-                zip(uids, contexts, ks, strict=True)]
+    def make_cache(self) -> list:
+        return []
+
+    def propose(self, batch, pend: list[int], ks: list[int]) -> tuple[list[list[int]], None]:
+        """Per row of `batch` (its uids and token lists), up to ks[i] tokens."""
+        return [self._one(uid, [*toks, p], k) if k > 0 else [] for uid, toks, p, k in
+                zip(batch.uids, batch.tokens, pend, ks, strict=True)], None
+
+    def settle(self, batch) -> None:
+        pass
 
     def _one(self, uid: int, ctx: list[int], k: int) -> list[int]:
         done, maps = self._index.get(uid) or (0, [{} for _ in range(self.lo, self.hi + 1)])
@@ -73,6 +81,9 @@ class LookupDrafter:
         self._index.pop(uid, None)
 
 
+WARM = 4  # measured steps of each kind before the batch picks the faster one
+
+
 @dataclass
 class _Row:
     accept: float = 0.6  # moving average of accepted / proposed
@@ -83,20 +94,21 @@ class _Row:
 class Control:
     """How many tokens each row may propose this step, and whether the batch speculates.
 
-    Per row: k follows the expected run of accepted tokens, a/(1-a) for acceptance a
-    (capped at `k`); below `pause_below` the row pauses for `pause_steps` steps, then
+    Per row: k follows the expected run of accepted tokens, a/(1-a) for acceptance a,
+    plus one (capped at `k`); below `pause_below` the row pauses for `pause_steps` steps, then
     probes again with one token. Per batch size: the tokens per second of speculative and
     plain decode steps are both measured (each is re-measured now and then), and the
     slower mode is not used. `adaptive=False` always proposes k."""
 
     k: int
     adaptive: bool = True
-    pause_below: float = 0.2
-    pause_steps: int = 16
+    pause_below: float = 0.1
+    pause_steps: int = 4
     explore_every: int = 64
     _rows: dict[int, _Row] = field(default_factory=dict)
     _rate: dict[tuple[int, bool], float] = field(default_factory=dict)  # (B, spec) -> tok/s
     _ticks: dict[int, int] = field(default_factory=dict)
+    _seen: dict[tuple[int, bool], int] = field(default_factory=dict)
 
     def budget(self, uid: int) -> int:
         if not self.adaptive:
@@ -105,8 +117,8 @@ class Control:
         if r.paused:
             r.paused -= 1
             return 1 if not r.paused else 0  # the last paused step probes with one token
-        run = r.accept / max(1e-6, 1 - r.accept)
-        return max(1, min(self.k, math.ceil(run)))
+        run = r.accept / max(1e-6, 1 - r.accept)  # expected accepted run, plus the one
+        return max(1, min(self.k, math.ceil(run) + 1))  # that would end it
 
     def record(self, uid: int, proposed: int, accepted: int) -> None:
         if not self.adaptive or not proposed:
@@ -122,15 +134,18 @@ class Control:
             return True
         n = self._ticks[rows] = self._ticks.get(rows, 0) + 1
         spec, plain = self._rate.get((rows, True)), self._rate.get((rows, False))
-        if spec is None or plain is None:  # measure both first: spec, then plain
-            return spec is None or n % 2 == 0
-        better = spec >= plain
+        if self._seen.get((rows, True), 0) < WARM or self._seen.get((rows, False), 0) < WARM:
+            return n % 4 != 0  # measuring both (mostly speculating: rows without drafts
+        better = spec >= plain  # step plainly anyway)
         return better if n % self.explore_every >= 4 else not better
 
     def timed(self, rows: int, spec: bool, seconds: float, tokens: int) -> None:
         if seconds <= 0:
             return
         key = (rows, spec)
+        seen = self._seen[key] = self._seen.get(key, 0) + 1
+        if seen == 1:
+            return  # a first step at a batch size pays one-off costs; not a measurement
         rate = tokens / seconds
         old = self._rate.get(key)
         self._rate[key] = rate if old is None else 0.8 * old + 0.2 * rate
@@ -176,3 +191,240 @@ def accept_sampled(p: mx.array, q: mx.array, draft: list[int], key: mx.array | N
         dist = p[m]
     nxt = mx.random.categorical(mx.log(dist), key=k2)
     return a, int(nxt.item())
+
+
+def _feed(model, layers: list, rows: list[list[int]]) -> mx.array:
+    """One forward of `model` over each row's tokens, right-padded to the longest and
+    rolled back to left padding after, on its own layouts. Logits [B, L, V]."""
+    lengths = [len(r) for r in rows]
+    width = max(lengths)
+    pad = [width - n for n in lengths]
+    x = mx.array([r + [0] * p for r, p in zip(rows, pad, strict=True)])
+    if max(pad):
+        for c in layers:
+            c.prepare(lengths=lengths, right_padding=pad)
+    logits = model(x, cache=layers)
+    if max(pad):
+        for c in layers:
+            c.finalize()
+    return logits
+
+
+class _Sampled:
+    """What the draft-model and MTP proposers share: drawing each row's next draft token
+    from draft logits, processed exactly as the target's are (logits processors with the
+    row's history, then its sampler's filters and temperature; temperature 0: argmax)."""
+
+    def _draw(self, batch, logits: mx.array, pend: list[int], drafts: list[list[int]],
+              qs: list[list], ks: list[int], ready: list[bool], j: int) -> list[int]:
+        from appliance.engine.sampling import distribution, row_key
+
+        greedy = [p is None or p.temperature == 0 for p in batch.params]
+        if all(greedy) and not any(batch.processors):
+            toks = mx.argmax(logits, axis=-1).tolist()
+        else:
+            toks = []
+            for i in range(len(ks)):
+                row = logits[i:i + 1]
+                if batch.processors[i]:
+                    ctx = mx.concatenate([batch.context[i].tokens,
+                                          mx.array([pend[i], *drafts[i]], mx.int32)])
+                    for proc in batch.processors[i]:
+                        row = proc(ctx, row)
+                lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
+                if greedy[i]:
+                    toks.append(int(mx.argmax(lp, axis=-1).item()))
+                    continue
+                q = distribution(batch.params[i], lp)[0]
+                toks.append(int(mx.random.categorical(
+                    mx.log(q), key=row_key(batch.samplers[i])).item()))
+                if ready[i] and j < ks[i]:
+                    qs[i].append(q)
+        for i, t in enumerate(toks):
+            if ready[i] and j < ks[i]:
+                drafts[i].append(t)
+        return toks
+
+    @staticmethod
+    def _qs(batch, qs: list[list]) -> list:
+        return [mx.stack(q) if q else None for q in qs]
+
+
+class ModelDrafter(_Sampled):
+    """A small draft model with the target's tokenizer proposes k tokens per row, one
+    batched forward each. Its KV lives in each row's cache after the model's layers
+    (`extra`): it lags while a row does not speculate and catches up, at most `chunk`
+    tokens a step, when it does, so a running row stalls at most a chunk for it."""
+
+    method = "model"
+
+    def __init__(self, draft, chunk: int):
+        self.draft, self.chunk = draft, chunk
+        self.fed = False  # whether the last propose() fed the draft (then settle() runs)
+
+    def make_cache(self) -> list:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.draft)
+
+    def propose(self, batch, pend: list[int], ks: list[int]):
+        """(drafts, qs): per row up to ks[i] tokens and, for a sampled row, their
+        processed draft probabilities [k_i, V] (None for greedy rows)."""
+        steps = max(ks, default=0)
+        self.fed = steps > 0
+        if not steps:
+            return [[] for _ in ks], None
+        have = batch.extra[0].offset.tolist()  # tokens the draft holds per row
+        feeds = [[*toks[have[i]:], p][:self.chunk]
+                 for i, (toks, p) in enumerate(zip(batch.tokens, pend, strict=True))]
+        ready = [len(batch.tokens[i]) + 1 == have[i] + len(f) for i, f in enumerate(feeds)]
+        logits = _feed(self.draft, batch.extra, feeds)
+        last = mx.stack([logits[i, len(f) - 1] for i, f in enumerate(feeds)])
+        drafts: list[list[int]] = [[] for _ in ks]
+        qs: list[list] = [[] for _ in ks]
+        for j in range(steps):
+            toks = self._draw(batch, last, pend, drafts, qs, ks, ready, j)
+            if j < steps - 1:
+                last = self.draft(mx.array(toks)[:, None], cache=batch.extra)[:, -1]
+        self._steps, self._ready = steps, ready
+        return drafts, self._qs(batch, qs)
+
+    def settle(self, batch) -> None:
+        """After the verify: keep in the draft's KV only tokens the model kept."""
+        if not self.fed:
+            return
+        chained = self._steps - 1  # fed after the pending token: its own drafts
+        for i, (kept, ok) in enumerate(zip(batch.last_kept, self._ready, strict=True)):
+            drop = chained - (min(len(kept) - 1, chained) if ok else 0)
+            if drop:
+                for c in batch.extra:
+                    c.rollback(i, drop)
+
+    def forget(self, uid: int) -> None:
+        pass
+
+
+class Tapped:
+    """The target called as its hidden states, then its output head (the same arithmetic
+    as calling it), keeping the last call's hidden states for an MTP head."""
+
+    def __init__(self, model):
+        from appliance.models.mtp import hidden_states, logits_from_hidden
+
+        self.model, self.hidden = model, None
+        self._h, self._out = hidden_states, logits_from_hidden
+
+    def __call__(self, x, cache=None):
+        self.hidden = self._h(self.model, x, cache)
+        return self._out(self.model, self.hidden)
+
+    def __getattr__(self, name):  # layers, make_cache, ... as the model's
+        return getattr(self.model, name)
+
+
+@dataclass
+class _Pairs:
+    """One row's (hidden at position i, token at i + 1) pairs the MTP head has not seen."""
+
+    hidden: list = field(default_factory=list)  # [n, H] arrays
+    tokens: list[int] = field(default_factory=list)
+    carry: mx.array | None = None  # hidden at the row's last fed position: pairs with the next
+
+
+class MTPDrafter(_Sampled):
+    """A multi-token-prediction head proposes from the target's own hidden states: the
+    pair (hidden of the last position, the pending token) gives the first draft, then the
+    head chains on its own output. Its one attention layer's KV is the row cache's extra
+    layer, holding one entry per pair (hidden at i, token at i + 1) the target has fed;
+    pairs the head has not seen wait per row and are fed at its next proposal, at most
+    `chunk` at a time. Depth-1 heads are chained for k > 1 (DeepSeek-V3 / Qwen3-Next)."""
+
+    method = "mtp"
+    needs_hidden = True
+
+    def __init__(self, head, target, chunk: int):
+        self.head, self.target, self.chunk = head, target, chunk
+        self.fed = False
+        self._rows: dict[int, _Pairs] = {}
+
+    def make_cache(self) -> list:
+        return [self.head.make_cache()]
+
+    def observe(self, uids: list[int], fed: list[list[int]], hidden: mx.array) -> None:
+        """The target fed `fed[i]` to row uids[i] and computed `hidden` [B, L, H]."""
+        for i, (uid, toks) in enumerate(zip(uids, fed, strict=True)):
+            self._add(uid, toks, hidden[i, :len(toks)], skip_first=False)
+
+    def _add(self, uid: int, toks: list[int], h: mx.array, skip_first: bool) -> None:
+        r = self._rows.setdefault(uid, _Pairs())
+        if r.carry is not None and not skip_first:
+            r.hidden.append(r.carry[None])
+            r.tokens.append(toks[0])
+        if len(toks) > 1:
+            r.hidden.append(h[:-1])
+            r.tokens.extend(toks[1:])
+        r.carry = h[-1]
+
+    def propose(self, batch, pend: list[int], ks: list[int]):
+        from appliance.models.mtp import embed, logits_from_hidden
+
+        steps = max(ks, default=0)
+        self.fed = False
+        if not steps:
+            return [[] for _ in ks], None
+        rows = [self._rows.setdefault(u, _Pairs()) for u in batch.uids]
+        feeds = [self._take(r, p) for r, p in zip(rows, pend, strict=True)]
+        self.fed = any(t for _, t, _ in feeds)  # (nothing is taken from a row with none)
+        if not self.fed:
+            return [[] for _ in ks], None
+        ready = [ok for _, _, ok in feeds]
+        lengths = [len(t) for _, t, _ in feeds]
+        width = max(lengths)
+        like = next(h for h, t, _ in feeds if t)
+        hid = mx.stack([mx.pad(h, [(0, width - len(t)), (0, 0)]) if t else
+                        mx.zeros((width, like.shape[-1]), like.dtype) for h, t, _ in feeds])
+        tok = mx.array([t + [0] * (width - len(t)) for _, t, _ in feeds])
+        layer, pad = batch.extra[0], [width - n for n in lengths]
+        if max(pad):
+            layer.prepare(lengths=lengths, right_padding=pad)
+        out = self.head(hid, embed(self.target, tok), layer)
+        if max(pad):
+            layer.finalize()
+        last = mx.stack([out[i, max(n, 1) - 1] for i, n in enumerate(lengths)])
+        drafts: list[list[int]] = [[] for _ in ks]
+        qs: list[list] = [[] for _ in ks]
+        for j in range(steps):
+            toks = self._draw(batch, logits_from_hidden(self.target, last), pend, drafts, qs,
+                              ks, ready, j)
+            if j < steps - 1:
+                last = self.head(last[:, None], embed(self.target, mx.array(toks)[:, None]),
+                                 layer)[:, 0]
+        self._steps, self._ready = steps, ready
+        return drafts, self._qs(batch, qs)
+
+    def _take(self, r: _Pairs, pend: int) -> tuple[mx.array | None, list[int], bool]:
+        """The pairs to feed now (at most `chunk`) and whether the pending token's pair is
+        among them (then the row can propose)."""
+        h = mx.concatenate(r.hidden) if r.hidden else None
+        t = r.tokens
+        if r.carry is not None and len(t) < self.chunk:
+            r.hidden, r.tokens = [], []
+            return (r.carry[None] if h is None else mx.concatenate([h, r.carry[None]]),
+                    [*t, pend], True)
+        n = min(len(t), self.chunk)
+        r.hidden, r.tokens = ([h[n:]] if n < len(t) else []), t[n:]
+        return (h[:n] if n else None), t[:n], False
+
+    def settle(self, batch) -> None:
+        """After the verify: drop the chained entries, queue the pairs the kept tokens
+        make (the pending token's pair is in already where the row proposed)."""
+        if self.fed and self._steps > 1:
+            for i in range(len(batch.uids)):
+                batch.extra[0].rollback(i, self._steps - 1)
+        for i, (uid, kept) in enumerate(zip(batch.uids, batch.last_kept, strict=True)):
+            ok = self.fed and self._ready[i]
+            self._add(uid, kept, batch.last_hidden[i, :len(kept)], skip_first=ok)
+
+    def forget(self, uid: int) -> None:
+        self._rows.pop(uid, None)
+

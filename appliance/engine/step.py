@@ -33,8 +33,15 @@ import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.kv import Scheme
-from appliance.engine.kv.native import RecurrentLayout
-from appliance.engine.speculate import Control, DraftCounts, accept_deterministic
+from appliance.engine.kv.native import RecurrentLayout, drop_tails
+from appliance.engine.sampling import distribution, row_key
+from appliance.engine.speculate import (
+    Control,
+    DraftCounts,
+    Tapped,
+    accept_deterministic,
+    accept_sampled,
+)
 
 
 @dataclass
@@ -68,11 +75,16 @@ class _Seq:
     tokens: list[int]
     sampler: object
     processors: tuple
+    params: object = None  # the SamplingParams (speculative sampling needs them)
+
+
+ROW_LISTS = ("uids", "tokens", "samplers", "processors", "max_tokens", "params")
 
 
 @dataclass
 class _Batch:
-    """Rows held together: per-row lists plus one KV layout per layer."""
+    """Rows held together: per-row lists plus one KV layout per layer (`extra`: the
+    drafter's own layers, a draft model's or an MTP head's, held the same way)."""
 
     uids: list[int] = field(default_factory=list)
     layers: list = field(default_factory=list)
@@ -80,34 +92,38 @@ class _Batch:
     samplers: list = field(default_factory=list)
     processors: list[tuple] = field(default_factory=list)
     max_tokens: list[int] = field(default_factory=list)
+    params: list = field(default_factory=list)
+    extra: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.uids)
 
     def extend(self, other: _Batch) -> None:
-        if not self.layers:
-            self.layers = other.layers
-        elif other.layers:
-            for a, b in zip(self.layers, other.layers, strict=True):
-                a.extend(b)
-        for name in ("uids", "tokens", "samplers", "processors", "max_tokens"):
+        for name in ("layers", "extra"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if not mine:
+                setattr(self, name, theirs)
+            elif theirs:
+                for a, b in zip(mine, theirs, strict=True):
+                    a.extend(b)
+        for name in ROW_LISTS:
             getattr(self, name).extend(getattr(other, name))
 
     def filter(self, keep: list[int]) -> None:
         if not keep:
-            self.layers = []
+            self.layers, self.extra = [], []
         else:
-            for c in self.layers:
+            for c in self.layers + self.extra:
                 c.filter(keep)
-        for name in ("uids", "tokens", "samplers", "processors", "max_tokens"):
+        for name in ROW_LISTS:
             setattr(self, name, [getattr(self, name)[i] for i in keep])
 
     def extract(self, i: int) -> list:
-        return [c.extract(i) for c in self.layers]
+        return [c.extract(i) for c in self.layers + self.extra]
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.layers)
+        return sum(c.nbytes for c in self.layers + self.extra)
 
 
 class _Decoding(_Batch):
@@ -167,10 +183,10 @@ class _Decoding(_Batch):
             row.append(t)  # now in the row's KV
         return toks, current_logprobs
 
-    def _forward(self, model, rows: list[list[int]]) -> mx.array:
+    def _forward(self, model, rows: list[list[int]], finalize: bool = True) -> mx.array:
         """One forward pass over each row's tokens (right-padded to the longest), with
-        the padding rolled away afterwards as a prefill chunk's is; quantized layers
-        attend as that many decode steps would (`decode_like`). Logits [B, L, V]."""
+        the padding rolled away afterwards (`finalize`) as a prefill chunk's is; quantized
+        layers attend as that many decode steps would (`decode_like`). Logits [B, L, V]."""
         lengths = [len(r) for r in rows]
         width = max(lengths)
         pad = [width - n for n in lengths]
@@ -186,32 +202,42 @@ class _Decoding(_Batch):
         finally:
             for c in decode_like:
                 c.decode_like = False
-        if max(pad):
+        if max(pad) and finalize:
             for c in self.layers:
                 c.finalize()
         return logits
 
-    def verify(self, model, drafts: list[list[int]]) -> list[tuple[list[int], list[mx.array]]]:
+    def verify(self, model, pend: list[int], drafts: list[list[int]], qs: list | None = None
+               ) -> list[tuple[list[int], list[mx.array]]]:
         """Feed every row its pending token and its drafts in one pass; keep, per row, the
-        drafts its own samples confirm (`accept_deterministic`). Returns per row the
-        tokens now emitted (the pending one first) with their log-probabilities; the
-        token sampled after them becomes the row's pending token."""
-        pend = self.next_tokens.tolist()
+        drafts its own samples confirm (`accept_deterministic`), or for a sampled row
+        whose drafts came with the draft's distributions `qs[i]`, the ones speculative
+        sampling keeps (`accept_sampled`). Returns per row the tokens now emitted (the
+        pending one first) with their log-probabilities; the token sampled after them
+        becomes the row's pending token."""
         fed = [[p, *d] for p, d in zip(pend, drafts, strict=True)]
         recurrent = [c for c in self.layers if isinstance(c, RecurrentLayout)]
         for c in recurrent:
             c.checkpoint()
-        logits = self._forward(model, fed)
+        logits = self._forward(model, fed, finalize=False)  # _roll_back finalizes
+        self.last_hidden = getattr(model, "hidden", None)  # an MTP head drafts from them
         logprobs, samples = self._sample_all(logits, fed)
         out, kept, new_pend, new_lp = [], [], [], []
         for i, d in enumerate(drafts):
-            a = accept_deterministic(samples[i], d)
+            q, params = (qs[i] if qs else None), self.params[i]
+            if q is None or not d or params is None or params.temperature == 0:
+                a = accept_deterministic(samples[i], d)
+                nxt = samples[i][a]
+            else:
+                p = distribution(params, logprobs[i])
+                a, nxt = accept_sampled(p, q, d, row_key(self.samplers[i]))
             toks = fed[i][:a + 1]
             out.append((toks, [self.next_logprobs[i], *[logprobs[i][j] for j in range(a)]]))
             kept.append(toks)
-            new_pend.append(samples[i][a])
+            new_pend.append(nxt)
             new_lp.append(logprobs[i][a])
         self._roll_back(model, fed, kept, recurrent)
+        self.last_fed, self.last_kept = fed, kept  # for the drafter's own rollback
         for i, toks in enumerate(kept):
             self.tokens[i].extend(toks)  # now in the row's KV
             if self.processors[i]:
@@ -251,20 +277,20 @@ class _Decoding(_Batch):
 
     def _roll_back(self, model, fed: list[list[int]], kept: list[list[int]],
                    recurrent: list) -> None:
-        """Drop each row's rejected tokens from its KV. Recurrent state cannot drop tokens:
+        """Drop each row's padding and rejected tokens from its KV: one roll per layer, as
+        a right-padded chunk's padding is rolled away. Recurrent state cannot drop tokens:
         then every row goes back to before the pass and feeds again what it keeps."""
-        if all(len(k) == len(f) for k, f in zip(kept, fed, strict=True)):
-            return
-        if recurrent:
+        width = max(len(f) for f in fed)
+        if recurrent and any(len(k) < len(f) for k, f in zip(kept, fed, strict=True)):
             for c in self.layers:
-                for i, f in enumerate(fed):
-                    c.rollback(i, len(f))  # recurrent: row i back to the snapshot
+                if c in recurrent:
+                    c.restore()
+                else:
+                    drop_tails(c, [width] * len(fed))
             self._forward(model, kept)
             return
         for c in self.layers:
-            for i, (k, f) in enumerate(zip(kept, fed, strict=True)):
-                if len(f) > len(k):
-                    c.rollback(i, len(f) - len(k))
+            drop_tails(c, [width - len(k) for k in kept])
 
 
 class BatchStep:
@@ -288,15 +314,28 @@ class BatchStep:
         self._decode = _Decoding()
         self._steps = 0
         self.drafter, self.control = drafter, control
+        self.model_layers = len(self.scheme.make_cache(model))  # a row cache's model layers
+        if getattr(drafter, "needs_hidden", False):
+            self.model = Tapped(model)  # the same arithmetic, keeping the hidden states
         self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
         self.spec_ticks = 0  # decode steps that verified proposals
 
+    def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
+        """Tell an MTP drafter what the model just fed each row, with its hidden states."""
+        if isinstance(self.model, Tapped):
+            self.drafter.observe(uids, fed, self.model.hidden)
+
+    def _hidden(self) -> list:
+        return [self.model.hidden] if isinstance(self.model, Tapped) else []
+
     # -- rows in --------------------------------------------------------------------
     def insert(self, segments: list[list[int]], max_tokens: int, sampler, processors=(),
-               cache: list | None = None, tokens: list[int] | None = None) -> int:
+               cache: list | None = None, tokens: list[int] | None = None,
+               params=None) -> int:
         """Queue a row: its prompt as `segments` (prefill pauses at each segment's end) over
-        `cache`, which already holds `tokens` (a prefix-cache hit, or a solo row's history).
-        The last prompt token is fed by the row's first decode step."""
+        `cache`, which already holds `tokens` (a prefix-cache hit, or a solo row's history;
+        with a drafter that keeps layers, those follow the model's). The last prompt token
+        is fed by the row's first decode step. `params`: the row's SamplingParams."""
         seq = [s for s in segments if s]
         if not seq:
             raise ValueError("the prompt is empty")
@@ -308,8 +347,10 @@ class BatchStep:
         uid, self._uids = self._uids, self._uids + 1
         if cache is None:
             cache = self.scheme.make_cache(self.model)
+            if self.drafter is not None:
+                cache += self.drafter.make_cache()
         self._waiting.append(_Seq(uid, seq, max_tokens, cache, list(tokens or []), sampler,
-                                  tuple(processors or ())))
+                                  tuple(processors or ()), params))
         return uid
 
     # -- the step -------------------------------------------------------------------
@@ -346,9 +387,13 @@ class BatchStep:
 
     def _admit(self, n: int) -> None:
         new = [self._waiting.popleft() for _ in range(n)]
-        batch = _Batch([s.uid for s in new], self.scheme.merge([s.cache for s in new]),
+        n_model = self.model_layers
+        batch = _Batch([s.uid for s in new], self.scheme.merge([s.cache[:n_model] for s in new]),
                        [s.tokens for s in new], [s.sampler for s in new],
-                       [s.processors for s in new], [s.max_tokens for s in new])
+                       [s.processors for s in new], [s.max_tokens for s in new],
+                       [s.params for s in new],
+                       Scheme().merge([s.cache[n_model:] for s in new])
+                       if len(new[0].cache) > n_model else [])
         self._prefill.extend(batch)
         self._segments += [s.segments for s in new]
 
@@ -367,7 +412,8 @@ class BatchStep:
         else:
             x = mx.array(chunks)
         self.model(x, cache=self._prefill.layers)
-        mx.eval([c.state for c in self._prefill.layers])
+        self._observe(self._prefill.uids, chunks)
+        mx.eval([c.state for c in self._prefill.layers], self._hidden())
         mx.clear_cache()
         if max(pad) > 0:
             for c in self._prefill.layers:
@@ -380,20 +426,23 @@ class BatchStep:
         rest = [i for i in range(len(self._prefill)) if i not in ready]
         last = [self._segments[i][0][0] for i in ready]
         rows = _Decoding()
-        for name in ("uids", "tokens", "samplers", "processors", "max_tokens"):
+        for name in ROW_LISTS:
             setattr(rows, name, [getattr(self._prefill, name)[i] for i in ready])
         if rest:
             rows.layers = copy.deepcopy(self._prefill.layers)
+            rows.extra = copy.deepcopy(self._prefill.extra)
             self._prefill.filter(rest)
         else:
-            rows.layers, self._prefill = self._prefill.layers, _Batch()
-        for c in rows.layers:
+            rows.layers, rows.extra, self._prefill = self._prefill.layers, self._prefill.extra, \
+                _Batch()
+        for c in rows.layers + rows.extra:
             c.filter(ready)  # also drops the padding the ready rows share, as mlx-lm does
         self._segments = [self._segments[i] for i in rest]
         rows.next_tokens = mx.array(last)
         rows.context = [TokenBuffer(t) for t in rows.tokens]
         rows.generated = [0] * len(ready)
         rows.step(self.model)  # the last prompt token's forward, over these rows alone
+        self._observe(rows.uids, [[t] for t in last])
         self._decode.extend(rows)
 
     def _decode_step(self) -> list[TokenEvent]:
@@ -402,6 +451,7 @@ class BatchStep:
         if emitted is None:
             t, rows = time.perf_counter(), len(d)
             toks, logprobs = d.step(self.model)
+            self._observe(d.uids, [[t] for t in toks])
             if self.drafter is not None:
                 self.control.timed(rows, False, time.perf_counter() - t, rows)
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
@@ -439,12 +489,12 @@ class BatchStep:
             room = d.max_tokens[i] - d.generated[i] - 1  # the pending token is emitted too
             ks.append(0 if pend[i] in self.stop_tokens or room <= 0
                       else min(room, ctl.budget(uid)))
-        drafts = self.drafter.propose(d.uids, [t + [p] for t, p in zip(d.tokens, pend,
-                                                                         strict=True)], ks)
-        if not any(drafts):
-            return None
         t = time.perf_counter()
-        out = d.verify(self.model, drafts)
+        drafts, qs = self.drafter.propose(d, pend, ks)
+        if not any(drafts) and not self.drafter.fed:
+            return None  # nothing proposed, nothing fed to a draft: a plain step
+        out = d.verify(self.model, pend, drafts, qs)
+        self.drafter.settle(d)
         ctl.timed(rows, True, time.perf_counter() - t, sum(len(o[0]) for o in out))
         self.spec_ticks += 1
         for uid, dr, (toks, _) in zip(d.uids, drafts, out, strict=True):

@@ -46,6 +46,25 @@ def roll_row_back(layout, i: int, n: int) -> None:
     layout.left_padding = layout.left_padding + step.astype(layout.left_padding.dtype)
 
 
+def drop_tails(layout, counts: list[int]) -> None:
+    """After a right-padded pass that has not been finalized: drop each row's last
+    counts[i] positions (its padding, then its rejected drafts) in one roll per layer,
+    the way `finalize` rolls a prefill chunk's padding away (rows stay right-aligned)."""
+    if any(counts):
+        if isinstance(layout, BatchRotatingKVCache):
+            layout._lengths = layout.offset - mx.array(counts)
+        elif isinstance(layout, BatchKVCache):
+            # What every row drops moves the shared cursor back (free: the slots are
+            # simply written again); only the rest moves data (a roll of the buffer).
+            common = min(counts)
+            if common:
+                layout._idx -= common
+                layout.offset = layout.offset - common
+                counts = [c - common for c in counts]
+            layout._right_padding = mx.array(counts) if any(counts) else None
+    layout.finalize()
+
+
 class SlidingLayout(BatchRotatingKVCache):
     """Sliding window: each row keeps its last `max_size` tokens (mlx-lm's rotation)."""
 
@@ -76,6 +95,11 @@ class RecurrentLayout(ArraysCache):
 
     def checkpoint(self) -> None:
         self._snapshot = list(self.cache)
+
+    def restore(self) -> None:
+        """Every row back to the checkpoint (and no right padding pending)."""
+        self.cache = list(self._snapshot)
+        self.finalize()
 
     def rollback(self, i: int, n: int) -> None:
         if self._snapshot is None:

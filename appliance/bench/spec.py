@@ -1,0 +1,223 @@
+"""bench=spec: the plan's speculative decoding against draft=none, measured in one run.
+
+Two workloads, each at B rows for B in `bench.spec_batches`, temperature 0, EOS banned:
+- `edit`: an agent-edit prompt (a held-out stdlib file, then an instruction to write it
+  again with one change, and its first line), where a capable model restates the prompt's
+  code: the case for draft=lookup;
+- `free`: code generation continuing the start of a held-out file: draft=mtp's and
+  draft=model's case.
+Both engines run in this process on one loaded model, through the continuous scheduler
+(the anchor's lone row takes the solo path a draft=none user gets). Decode tok/s counts
+tokens after every row's first one, over the time since then (prefill excluded).
+
+Also: the verify cost, a forward over B rows of 1 + k tokens against a plain decode step
+at the same B and context, for k = 1..draft.k (what a proposal costs before acceptance).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from appliance.plan import ExecutionPlan
+
+WORKLOADS = ("edit", "free")
+EDIT = "\n\n# The same module again, with `_` prefixes removed from private names:\n"
+
+
+def _heldout_texts() -> list[str]:
+    from appliance.embedded.train import load_corpus
+
+    _, _, heldout = load_corpus()
+    return [text for _, text in heldout]
+
+
+def prompts(tokenizer, workload: str, rows: int, context: int) -> list[list[int]]:
+    texts = _heldout_texts()
+    out = []
+    for r in range(rows):
+        ids = tokenizer.encode(texts[r % len(texts)], add_special_tokens=False)
+        start = (r // len(texts)) * 97  # rows past the ninth file start further in
+        body = ids[start:start + context]
+        if workload == "edit":
+            first = tokenizer.decode(body).splitlines(keepends=True)[:1]
+            body = body + tokenizer.encode(EDIT + "".join(first), add_special_tokens=False)
+        out.append(body)
+    return out
+
+
+class _Row:
+    """Collects one request's tokens (the scheduler's submitter interface)."""
+
+    def __init__(self, request, rid: int):
+        self.request, self.id, self.cancelled = request, rid, False
+        self.first: float | None = None
+        self.n, self.finished = 0, None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def deliver(self, event) -> None:
+        from appliance.engine.types import Finished
+
+        if isinstance(event, Finished):
+            self.finished = event
+        else:
+            self.n += 1
+            if self.first is None:
+                self.first = time.perf_counter()
+
+
+def _run_batch(scheduler, reqs) -> dict:
+    rows = [_Row(r, i) for i, r in enumerate(reqs)]
+    for r in rows:
+        scheduler.add(r)
+    while scheduler.has_work():
+        scheduler.step()
+    t_end = time.perf_counter()
+    bad = [r.finished.error for r in rows if r.finished.error]
+    if bad:
+        raise RuntimeError(f"rows failed: {bad[:2]}")
+    t0 = max(r.first for r in rows)  # every row decoding from here on
+    tokens = sum(r.n - 1 for r in rows)
+    accepted = sum(r.finished.accepted_prediction_tokens for r in rows)
+    rejected = sum(r.finished.rejected_prediction_tokens for r in rows)
+    return {"tokens": tokens, "decode_s": round(t_end - t0, 4),
+            "tok_s": round(tokens / max(1e-9, t_end - t0), 2), "accepted": accepted,
+            "rejected": rejected}
+
+
+def _scheduler(model, tokenizer, plan: ExecutionPlan, rows: int, draft):
+    from appliance.engine.budget import Budget, KVShape
+    from appliance.engine.build import make_drafter
+    from appliance.engine.continuous import ContinuousScheduler
+    from appliance.engine.kv import Scheme
+
+    drafter, control = make_drafter(draft, model, plan.model.dtype, plan.batch.prefill_chunk,
+                                    model_dir=_dir(plan))
+    budget = Budget(plan.batch.kv_budget_bytes, KVShape.for_plan(plan))
+    return ContinuousScheduler(model, set(tokenizer.eos_token_ids), max(rows, 1),
+                               plan.batch.prefill_chunk, budget, scheme=Scheme.from_plan(plan.kv),
+                               drafter=drafter, control=control)
+
+
+def _dir(plan: ExecutionPlan) -> str:
+    from appliance.bench.prompts import model_dir
+
+    return str(model_dir(plan))
+
+
+def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[int],
+                repeats: int, seed: int = 0) -> dict:
+    """Seconds of a plain decode step, and of a speculative step with k proposals per row
+    (the plan's drafter proposing, for a draft model or MTP head; fixed tokens for lookup,
+    whose proposals cost next to nothing), at B rows of `context` tokens (random ids)."""
+    import mlx.core as mx
+
+    from appliance.bench.kv import NEVER, _prompts
+    from appliance.engine.build import make_drafter
+    from appliance.engine.kv import Scheme
+    from appliance.engine.sampling import make_sampler
+    from appliance.engine.step import BatchStep
+    from appliance.engine.types import SamplingParams
+
+    drafter, control = make_drafter(plan.draft, model, plan.model.dtype,
+                                    plan.batch.prefill_chunk, model_dir=_dir(plan))
+    proposes = drafter is not None and drafter.method in ("model", "mtp")
+    step = BatchStep(model, set(), rows, plan.batch.prefill_chunk, Scheme.from_plan(plan.kv),
+                     drafter=drafter if proposes else None, control=control)
+    sampler = make_sampler(SamplingParams(temperature=0.0))
+    for p in _prompts(seed, rows, context, plan.model.vocab_size):
+        step.insert([p], NEVER, sampler, params=SamplingParams())
+    while len(step._decode) < rows:
+        step.tick()
+    d = step._decode
+
+    def plain():
+        toks, _ = d.step(step.model)
+        step._observe(d.uids, [[t] for t in toks])
+
+    def spec(k):
+        pend = d.next_tokens.tolist()
+        if proposes:
+            drafts, qs = drafter.propose(d, pend, [k] * rows)
+        else:
+            drafts, qs = [[(p + 1) % plan.model.vocab_size] * k for p in pend], None
+        d.verify(step.model, pend, drafts, qs)
+        if proposes:
+            drafter.settle(d)
+        mx.eval(d.next_tokens)
+
+    def timed(fn, *a) -> float:
+        fn(*a)  # warm-up (shapes compile once)
+        best = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(8):
+                fn(*a)
+            mx.eval(d.next_tokens)
+            best.append((time.perf_counter() - t) / 8)
+        return min(best)
+
+    base = timed(plain)
+    out = {"rows": rows, "context": context, "plain_step_s": round(base, 6),
+           "proposer": plan.draft.kind if proposes else "fixed tokens", "verify": []}
+    for k in ks:
+        t = timed(spec, k)
+        out["verify"].append({"k": k, "seconds": round(t, 6), "vs_plain": round(t / base, 3)})
+    return out
+
+
+def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
+    import mlx.core as mx
+
+    from appliance.engine import runner
+    from appliance.engine.types import GenerationRequest, SamplingParams
+    from appliance.plan.draft import DraftPlan
+
+    model, _ = runner.load(str(path), plan.model.dtype)
+    bias = {i: -100.0 for i in tokenizer.eos_token_ids}
+    sampling = SamplingParams(temperature=0.0, logit_bias=bias)
+    contenders = {"none": DraftPlan(kind="none")}
+    if plan.draft.kind != "none":
+        contenders[plan.draft.kind] = plan.draft
+    results = []
+    for workload in cfg.spec_workloads:
+        for rows in cfg.spec_batches:
+            ps = prompts(tokenizer, workload, rows, cfg.spec_context)
+            reqs = [GenerationRequest(p, cfg.decode_tokens, sampling) for p in ps]
+            warm = [GenerationRequest(p[:64], 8, sampling) for p in ps]
+            cell = {"workload": workload, "rows": rows}
+            for name, draft in contenders.items():
+                sched = _scheduler(model, tokenizer, plan, rows, draft)
+                _run_batch(sched, warm)  # compiles this batch size's shapes
+                runs = [_run_batch(sched, reqs) for _ in range(cfg.repeats)]
+                best = max(runs, key=lambda r: r["tok_s"])
+                cell[name] = {**best, "runs_tok_s": [r["tok_s"] for r in runs]}
+                mx.clear_cache()
+            if plan.draft.kind != "none":
+                cell["ratio"] = round(cell[plan.draft.kind]["tok_s"] / cell["none"]["tok_s"], 3)
+            results.append(cell)
+    out = {"draft": plan.draft.kind, "k": plan.draft.k, "cells": results}
+    if cfg.spec_verify_cost:
+        ks = list(range(1, max(plan.draft.k, 1) + 1))
+        out["verify_cost"] = [verify_cost(model, plan, rows, cfg.spec_context, ks,
+                                          cfg.repeats) for rows in cfg.spec_batches]
+    return out
+
+
+def spec_text(doc: dict) -> str:
+    r = doc["result"]
+    lines = [f"speculative decoding: draft={r['draft']} (k={r['k']}) against draft=none",
+             f"{'workload':<8} {'B':>3} {'none tok/s':>11} {'draft tok/s':>12} {'ratio':>6} "
+             f"{'accepted':>9} {'rejected':>9}"]
+    for c in r["cells"]:
+        d = c.get(r["draft"], c["none"])
+        lines.append(f"{c['workload']:<8} {c['rows']:>3} {c['none']['tok_s']:>11.1f} "
+                     f"{d['tok_s']:>12.1f} {c.get('ratio', 1.0):>6.2f} {d['accepted']:>9} "
+                     f"{d['rejected']:>9}")
+    for v in r.get("verify_cost", []):
+        costs = ", ".join(f"k={x['k']}: {x['vs_plain']:.2f}x" for x in v["verify"])
+        lines.append(f"verify cost at B={v['rows']} ({v['context']} tokens), against a plain "
+                     f"step of {v['plain_step_s'] * 1e3:.2f} ms: {costs}")
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""OpenAI's Responses API on the real server, driven by the openai client's `responses`."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 12},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather",
+          "parameters": WEATHER}]
+Q = "What is the weather in Paris?"
+
+
+def test_text_matches_chat_completions(client, plan):
+    r = client.responses.create(model=plan.model.id, input=Q, instructions="Be terse.",
+                                max_output_tokens=12, temperature=0)
+    c = client.chat.completions.create(model=plan.model.id, max_tokens=12, temperature=0,
+                                       messages=[{"role": "system", "content": "Be terse."},
+                                                 {"role": "user", "content": Q}])
+    assert r.object == "response" and r.output_text == c.choices[0].message.content
+    assert r.usage.input_tokens == c.usage.prompt_tokens
+    assert r.usage.output_tokens == c.usage.completion_tokens
+    assert r.status == ("incomplete" if c.choices[0].finish_reason == "length" else "completed")
+
+
+def test_streaming_events(client, plan):
+    events = list(client.responses.create(model=plan.model.id, input=Q, max_output_tokens=10,
+                                          temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and events[-1].response.output_text == text
+    done = [e for e in events if e.type == "response.output_text.done"]
+    assert [e.text for e in done] == [text]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_function_call_round_trip(client, plan, stream):
+    kw = dict(model=plan.model.id, input=Q, tools=TOOLS, tool_choice="required",
+              parallel_tool_calls=False, max_output_tokens=60)
+    if stream:
+        with client.responses.stream(**kw) as s:
+            for _ in s:
+                pass
+            r = s.get_final_response()
+    else:
+        r = client.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+    follow = client.responses.create(
+        model=plan.model.id, max_output_tokens=5, tools=TOOLS, input=[
+            {"role": "user", "content": Q}, calls[0].model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": calls[0].call_id,
+             "output": "sunny"}])
+    assert follow.usage.input_tokens > r.usage.input_tokens
+
+
+def test_structured_text_format(client, plan):
+    r = client.responses.create(model=plan.model.id, input=Q, max_output_tokens=60,
+                                text={"format": {"type": "json_schema", "name": "w",
+                                                 "schema": WEATHER, "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), WEATHER)
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"store": True}, "store"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"background": True}, "background"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}},
+     "text.format.schema"),
+])
+def test_unsupported_fields_are_refused_by_name(server, plan, extra, param):
+    body = {"model": plan.model.id, "input": Q, "max_output_tokens": 3, **extra}
+    r = httpx.post(f"{server}/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_the_client_sees_context_overflow(client, plan):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=plan.model.id, input="word " * 5000)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "input"
