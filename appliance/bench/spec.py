@@ -33,11 +33,12 @@ def _heldout_texts() -> list[str]:
 
 
 def prompts(tokenizer, workload: str, rows: int, context: int) -> list[list[int]]:
-    texts = _heldout_texts()
+    files = [tokenizer.encode(t, add_special_tokens=False) for t in _heldout_texts()]
+    files = [ids for ids in files if len(ids) >= 2 * context] or [sum(files, [])]
     out = []
     for r in range(rows):
-        ids = tokenizer.encode(texts[r % len(texts)], add_special_tokens=False)
-        start = (r // len(texts)) * 97  # rows past the ninth file start further in
+        ids = files[r % len(files)]
+        start = (r // len(files)) * 97 % max(1, len(ids) - context)  # later rows start later
         body = ids[start:start + context]
         if workload == "edit":
             first = tokenizer.decode(body).splitlines(keepends=True)[:1]

@@ -98,9 +98,14 @@ def make_sampler(s: SamplingParams):
 
 
 def make_processors(s: SamplingParams) -> list:
-    procs = make_logits_processors(
-        logit_bias=s.logit_bias, repetition_penalty=s.repetition_penalty,
-        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
+    """mlx-lm's processors, in its order. The logit-bias one reads no history: it is marked
+    `context_free`, so a speculative step applies it to all of a row's positions at once."""
+    procs = make_logits_processors(logit_bias=s.logit_bias)
+    for p in procs:
+        p.context_free = True
+    procs += make_logits_processors(
+        repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty)
     if s.constraint is not None:  # last: no bias or penalty can reopen a masked token
         procs.append(s.constraint.make_processor())
     return procs

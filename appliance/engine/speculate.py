@@ -81,7 +81,12 @@ class LookupDrafter:
         self._index.pop(uid, None)
 
 
-WARM = 4  # measured steps of each kind before the batch picks the faster one
+WARM = 2  # measured steps of each kind before the batch picks the faster one
+
+
+def _bucket(rows: int) -> int:
+    """Batch sizes share measurements by power of two (rows finish one by one)."""
+    return 1 << max(0, rows - 1).bit_length()
 
 
 @dataclass
@@ -96,9 +101,9 @@ class Control:
 
     Per row: k follows the expected run of accepted tokens, a/(1-a) for acceptance a,
     plus one (capped at `k`); below `pause_below` the row pauses for `pause_steps` steps, then
-    probes again with one token. Per batch size: the tokens per second of speculative and
-    plain decode steps are both measured (each is re-measured now and then), and the
-    slower mode is not used. `adaptive=False` always proposes k."""
+    probes again with one token. Per batch size (by power of two): the tokens per second of
+    speculative and plain decode steps are both measured (each is re-measured now and then),
+    and the slower mode is not used. `adaptive=False` always proposes k."""
 
     k: int
     adaptive: bool = True
@@ -132,17 +137,18 @@ class Control:
         """Whether a batch of `rows` rows should speculate this step."""
         if not self.adaptive:
             return True
-        n = self._ticks[rows] = self._ticks.get(rows, 0) + 1
-        spec, plain = self._rate.get((rows, True)), self._rate.get((rows, False))
-        if self._seen.get((rows, True), 0) < WARM or self._seen.get((rows, False), 0) < WARM:
-            return n % 4 != 0  # measuring both (mostly speculating: rows without drafts
-        better = spec >= plain  # step plainly anyway)
+        b = _bucket(rows)
+        n = self._ticks[b] = self._ticks.get(b, 0) + 1
+        spec, plain = self._rate.get((b, True)), self._rate.get((b, False))
+        if self._seen.get((b, True), 0) < WARM or self._seen.get((b, False), 0) < WARM:
+            return n % 4 < 2  # measuring both, two steps of each in turn
+        better = spec >= plain
         return better if n % self.explore_every >= 4 else not better
 
     def timed(self, rows: int, spec: bool, seconds: float, tokens: int) -> None:
         if seconds <= 0:
             return
-        key = (rows, spec)
+        key = (_bucket(rows), spec)
         seen = self._seen[key] = self._seen.get(key, 0) + 1
         if seen == 1:
             return  # a first step at a batch size pays one-off costs; not a measurement
@@ -222,8 +228,8 @@ class _Sampled:
         greedy = [p is None or p.temperature == 0 for p in batch.params]
         if all(greedy) and not any(batch.processors):
             toks = mx.argmax(logits, axis=-1).tolist()
-        else:
-            toks = []
+        else:  # per row, lazily; one read for the whole batch
+            picks = []
             for i in range(len(ks)):
                 row = logits[i:i + 1]
                 if batch.processors[i]:
@@ -233,13 +239,14 @@ class _Sampled:
                         row = proc(ctx, row)
                 lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
                 if greedy[i]:
-                    toks.append(int(mx.argmax(lp, axis=-1).item()))
+                    picks.append(mx.argmax(lp, axis=-1))
                     continue
                 q = distribution(batch.params[i], lp)[0]
-                toks.append(int(mx.random.categorical(
-                    mx.log(q), key=row_key(batch.samplers[i])).item()))
+                picks.append(mx.random.categorical(mx.log(q), key=row_key(batch.samplers[i]))
+                             .reshape(1))
                 if ready[i] and j < ks[i]:
                     qs[i].append(q)
+            toks = mx.concatenate(picks).tolist()
         for i, t in enumerate(toks):
             if ready[i] and j < ks[i]:
                 drafts[i].append(t)
@@ -288,6 +295,12 @@ class ModelDrafter(_Sampled):
                 last = self.draft(mx.array(toks)[:, None], cache=batch.extra)[:, -1]
         self._steps, self._ready = steps, ready
         return drafts, self._qs(batch, qs)
+
+    def prefill(self, batch, chunks: list[list[int]]) -> None:
+        """The model prefilled `chunks`: the draft follows (then a row's first proposal
+        does not pay for its whole prompt)."""
+        _feed(self.draft, batch.extra, chunks)
+        mx.eval([c.state for c in batch.extra])
 
     def settle(self, batch) -> None:
         """After the verify: keep in the draft's KV only tokens the model kept."""
@@ -365,6 +378,38 @@ class MTPDrafter(_Sampled):
             r.tokens.extend(toks[1:])
         r.carry = h[-1]
 
+    def prefill(self, batch, chunks: list[list[int]]) -> None:
+        """The model prefilled `chunks` (observed already): the head takes their pairs now,
+        as the model's prefill runs, so a row's first proposal does not pay for them."""
+        rows = [self._rows.setdefault(u, _Pairs()) for u in batch.uids]
+        feeds = []
+        for r in rows:
+            n = min(len(r.tokens), self.chunk)
+            h = mx.concatenate(r.hidden) if r.hidden else None
+            feeds.append((h[:n] if n else None, r.tokens[:n]))
+            r.hidden, r.tokens = ([h[n:]] if n < len(r.tokens) else []), r.tokens[n:]
+        if any(t for _, t in feeds):
+            self._run(batch, [(h, t, False) for h, t in feeds])
+            mx.eval(batch.extra[0].state)
+
+    def _run(self, batch, feeds) -> mx.array:
+        """The head over each row's pairs, right-padded; its output at each row's last."""
+        from appliance.models.mtp import embed
+
+        lengths = [len(t) for _, t, _ in feeds]
+        width = max(lengths)
+        like = next(h for h, t, _ in feeds if t)
+        hid = mx.stack([mx.pad(h, [(0, width - len(t)), (0, 0)]) if t else
+                        mx.zeros((width, like.shape[-1]), like.dtype) for h, t, _ in feeds])
+        tok = mx.array([t + [0] * (width - len(t)) for _, t, _ in feeds])
+        layer, pad = batch.extra[0], [width - n for n in lengths]
+        if max(pad):
+            layer.prepare(lengths=lengths, right_padding=pad)
+        out = self.head(hid, embed(self.target, tok), layer)
+        if max(pad):
+            layer.finalize()
+        return mx.stack([out[i, max(n, 1) - 1] for i, n in enumerate(lengths)])
+
     def propose(self, batch, pend: list[int], ks: list[int]):
         from appliance.models.mtp import embed, logits_from_hidden
 
@@ -378,19 +423,7 @@ class MTPDrafter(_Sampled):
         if not self.fed:
             return [[] for _ in ks], None
         ready = [ok for _, _, ok in feeds]
-        lengths = [len(t) for _, t, _ in feeds]
-        width = max(lengths)
-        like = next(h for h, t, _ in feeds if t)
-        hid = mx.stack([mx.pad(h, [(0, width - len(t)), (0, 0)]) if t else
-                        mx.zeros((width, like.shape[-1]), like.dtype) for h, t, _ in feeds])
-        tok = mx.array([t + [0] * (width - len(t)) for _, t, _ in feeds])
-        layer, pad = batch.extra[0], [width - n for n in lengths]
-        if max(pad):
-            layer.prepare(lengths=lengths, right_padding=pad)
-        out = self.head(hid, embed(self.target, tok), layer)
-        if max(pad):
-            layer.finalize()
-        last = mx.stack([out[i, max(n, 1) - 1] for i, n in enumerate(lengths)])
+        last, layer = self._run(batch, feeds), batch.extra[0]
         drafts: list[list[int]] = [[] for _ in ks]
         qs: list[list] = [[] for _ in ks]
         for j in range(steps):

@@ -259,13 +259,17 @@ class _Decoding(_Batch):
         lps, outs = [], []
         for i, f in enumerate(fed):
             rows = logits[i, :len(f)]
-            if self.processors[i]:
+            procs = self.processors[i]
+            if procs and all(getattr(p, "context_free", False) for p in procs):
+                for p in procs:  # (in order, all positions at once)
+                    rows = p(None, rows)
+            elif procs:
                 base = self.context[i].tokens
                 done = []
                 for j in range(len(f)):
                     ctx = mx.concatenate([base, mx.array(f[:j + 1], dtype=base.dtype)])
                     r = rows[j:j + 1]
-                    for p in self.processors[i]:
+                    for p in procs:
                         r = p(ctx, r)
                     done.append(r)
                 rows = mx.concatenate(done, axis=0)
@@ -319,6 +323,7 @@ class BatchStep:
             self.model = Tapped(model)  # the same arithmetic, keeping the hidden states
         self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
         self.spec_ticks = 0  # decode steps that verified proposals
+        self._plain_before = False  # the last decode step was a plain one
 
     def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
         """Tell an MTP drafter what the model just fed each row, with its hidden states."""
@@ -414,6 +419,8 @@ class BatchStep:
         self.model(x, cache=self._prefill.layers)
         self._observe(self._prefill.uids, chunks)
         mx.eval([c.state for c in self._prefill.layers], self._hidden())
+        if self._prefill.extra:  # a draft model or MTP head prefills beside the model
+            self.drafter.prefill(self._prefill, chunks)
         mx.clear_cache()
         if max(pad) > 0:
             for c in self._prefill.layers:
@@ -452,9 +459,12 @@ class BatchStep:
             t, rows = time.perf_counter(), len(d)
             toks, logprobs = d.step(self.model)
             self._observe(d.uids, [[t] for t in toks])
-            if self.drafter is not None:
-                self.control.timed(rows, False, time.perf_counter() - t, rows)
+            if self.drafter is not None and self._plain_before:  # a pipelined step waits for
+                self.control.timed(rows, False, time.perf_counter() - t, rows)  # the last one
+            self._plain_before = True
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
+        else:
+            self._plain_before = False
         keep, events = [], []
         for i, uid in enumerate(d.uids):
             reason = None
@@ -495,6 +505,7 @@ class BatchStep:
             return None  # nothing proposed, nothing fed to a draft: a plain step
         out = d.verify(self.model, pend, drafts, qs)
         self.drafter.settle(d)
+        mx.eval([c.state for c in d.layers + d.extra])  # its rollback too: timed with it
         ctl.timed(rows, True, time.perf_counter() - t, sum(len(o[0]) for o in out))
         self.spec_ticks += 1
         for uid, dr, (toks, _) in zip(d.uids, drafts, out, strict=True):

@@ -22,6 +22,13 @@ class FullLayout(BatchKVCache):
     def rollback(self, i: int, n: int) -> None:
         roll_row_back(self, i, n)
 
+    def extract(self, i: int):
+        if self.keys is None:  # never written (a drafter's layer before it first ran)
+            from mlx_lm.models.cache import KVCache
+
+            return KVCache()
+        return super().extract(i)
+
 
 def roll_row_back(layout, i: int, n: int) -> None:
     """Drop row i's last n tokens: its data moves n slots right, so it still ends at the
