@@ -11,7 +11,36 @@ from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
 
 
 class FullLayout(BatchKVCache):
-    """Full attention: rows left-padded to the shared write cursor `_idx`; `offset` per row."""
+    """Full attention: rows left-padded to the shared write cursor `_idx`; `offset` per row.
+
+    `whole_buffer` (a speculative verify on CUDA): attention sees the whole allocated
+    buffer, the unwritten slots masked, so its key length changes once per 256 tokens
+    rather than every step: MLX's CUDA backend compiles a multi-token attention for each
+    new key length (measured on an H200: ~50 ms a pass against ~5.5 ms at a fixed one)."""
+
+    whole_buffer = False
+
+    def reserve(self, n: int) -> None:
+        """Allocate room for n more tokens now (the mask is built before the write)."""
+        if self.keys is not None and self._idx + n <= self.keys.shape[2]:
+            return
+        grow = (self.step + n - 1) // self.step * self.step
+        B, H, _, D = self.keys.shape
+        keep = self.keys[..., :self._idx, :], self.values[..., :self._idx, :]
+        self.keys = mx.concatenate([keep[0], mx.zeros((B, H, grow, D), self.keys.dtype)], 2)
+        self.values = mx.concatenate(
+            [keep[1], mx.zeros((B, H, grow, self.values.shape[3]), self.values.dtype)], 2)
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        mask = super().make_mask(N, return_array=return_array, **kwargs)
+        if not self.whole_buffer or self.keys is None:
+            return mask
+        extra = self.keys.shape[2] - (self._idx + N)
+        return mx.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, extra)]) if extra else mask
+
+    def update_and_fetch(self, keys, values):
+        k, v = super().update_and_fetch(keys, values)
+        return (self.keys, self.values) if self.whole_buffer else (k, v)
 
     @classmethod
     def merge(cls, caches):
