@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from appliance.engine.kv.affine import on_cuda
+from appliance.engine.kv.native import whole_buffers
+
+# Multi-token passes attend over whole KV buffers where MLX compiles per key length (CUDA).
+WHOLE_BUFFER = on_cuda()
+
 
 @dataclass
 class DraftCounts:
@@ -209,7 +215,8 @@ def _feed(model, layers: list, rows: list[list[int]]) -> mx.array:
     if max(pad):
         for c in layers:
             c.prepare(lengths=lengths, right_padding=pad)
-    logits = model(x, cache=layers)
+    with whole_buffers(layers, width, WHOLE_BUFFER and width > 1):
+        logits = model(x, cache=layers)
     if max(pad):
         for c in layers:
             c.finalize()
@@ -405,7 +412,8 @@ class MTPDrafter(_Sampled):
         layer, pad = batch.extra[0], [width - n for n in lengths]
         if max(pad):
             layer.prepare(lengths=lengths, right_padding=pad)
-        out = self.head(hid, embed(self.target, tok), layer)
+        with whole_buffers([layer], width, WHOLE_BUFFER and width > 1):
+            out = self.head(hid, embed(self.target, tok), layer)
         if max(pad):
             layer.finalize()
         return mx.stack([out[i, max(n, 1) - 1] for i, n in enumerate(lengths)])

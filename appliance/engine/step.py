@@ -33,19 +33,16 @@ import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.kv import Scheme
-from appliance.engine.kv.affine import on_cuda
-from appliance.engine.kv.native import FullLayout, RecurrentLayout, drop_tails
+from appliance.engine.kv.native import RecurrentLayout, drop_tails, whole_buffers
 from appliance.engine.sampling import distribution, row_key
 from appliance.engine.speculate import (
+    WHOLE_BUFFER,
     Control,
     DraftCounts,
     Tapped,
     accept_deterministic,
     accept_sampled,
 )
-
-# A verify pass attends over whole KV buffers where MLX compiles per key length (CUDA).
-WHOLE_BUFFER = on_cuda()
 
 
 @dataclass
@@ -198,21 +195,15 @@ class _Decoding(_Batch):
         decode_like = [c for c in self.layers if hasattr(c, "decode_like")]
         for c in decode_like:
             c.decode_like = True
-        whole = [c for c in self.layers if isinstance(c, FullLayout) and c.keys is not None] \
-            if WHOLE_BUFFER else []
-        for c in whole:
-            c.reserve(width)
-            c.whole_buffer = True
         if max(pad):
             for c in self.layers:
                 c.prepare(lengths=lengths, right_padding=pad)
         try:
-            logits = model(x, cache=self.layers)
+            with whole_buffers(self.layers, width, WHOLE_BUFFER):
+                logits = model(x, cache=self.layers)
         finally:
             for c in decode_like:
                 c.decode_like = False
-            for c in whole:
-                c.whole_buffer = False
         if max(pad) and finalize:
             for c in self.layers:
                 c.finalize()

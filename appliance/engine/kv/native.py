@@ -59,6 +59,25 @@ class FullLayout(BatchKVCache):
         return super().extract(i)
 
 
+class whole_buffers:
+    """`with whole_buffers(layers, n, on)`: for a pass of n tokens per row, full-attention
+    layouts attend over their whole buffers (see FullLayout); a no-op unless `on`."""
+
+    def __init__(self, layers: list, n: int, on: bool):
+        self.layers = [c for c in layers if isinstance(c, FullLayout)
+                       and c.keys is not None] if on else []
+        self.n = n
+
+    def __enter__(self):
+        for c in self.layers:
+            c.reserve(self.n)
+            c.whole_buffer = True
+
+    def __exit__(self, *exc):
+        for c in self.layers:
+            c.whole_buffer = False
+
+
 def roll_row_back(layout, i: int, n: int) -> None:
     """Drop row i's last n tokens: its data moves n slots right, so it still ends at the
     shared cursor, and the n slots it frees on the left become padding (masked). No other
