@@ -298,3 +298,104 @@ def test_a_speculating_server_is_exact_and_reports_its_drafts(client):
     lookup = stats["speculation"]["lookup"]
     assert lookup["accepted"] == details.accepted_prediction_tokens
     assert lookup["proposed"] == lookup["accepted"] + details.rejected_prediction_tokens
+
+
+# -- the plan ---------------------------------------------------------------------------
+
+def _problems(overrides: list[str]) -> list[str]:
+    from conftest import resolve_overrides
+
+    from appliance.plan import PlanError
+
+    with pytest.raises(PlanError) as e:
+        resolve_overrides(overrides)
+    return e.value.problems
+
+
+def test_the_plan_refuses_what_it_cannot_serve_naming_the_choices(tmp_path):
+    # an MTP head where the checkpoint has none
+    (p,) = _problems(["model=synthetic", "model.shape=tiny-llama", "draft=mtp"])
+    assert "no MTP head" in p and "draft=lookup" in p and "draft.head=" in p
+    # a draft model with another tokenizer
+    import shutil
+
+    other = tmp_path / "draft"
+    shutil.copytree(oracle.model_path("tiny-llama"), other)
+    problems = _problems(["draft=model", "draft.source=local", f"draft.path={other}"])
+    assert any("does not have the target's tokenizer" in q for q in problems)
+    # speculation outside the continuous batch; k out of range; a field lookup does not read
+    problems = _problems(["draft=lookup", "batch=serial", "batch.max_rows=1", "draft.k=0",
+                          "draft.head=checkpoint"])
+    assert any("valid choices: batch=continuous" in q for q in problems)
+    assert any("draft.k=0 must be in 1..16" in q for q in problems)
+    assert any("draft.head is not read by draft=lookup" in q for q in problems)
+
+
+def test_the_plan_counts_the_draft_in_memory_and_fingerprints_its_content():
+    from conftest import resolve_overrides
+
+    none = resolve_overrides([])
+    for kind in ("model", "mtp"):
+        plan = resolve_overrides([f"draft={kind}"])
+        assert plan.draft.weight_bytes > 0 and plan.draft.kv_bytes_per_token > 0
+        assert plan.memory.weights_bytes == none.memory.weights_bytes + plan.draft.weight_bytes
+        assert plan.memory.kv_bytes_at_max_context == (
+            none.memory.kv_bytes_at_max_context
+            + plan.draft.kv_bytes_per_token * plan.server.max_context)
+        assert plan.fingerprint != none.fingerprint and plan.draft.path not in str(
+            plan.draft.content)
+
+
+def test_the_headline_serves_through_the_openai_api():
+    """`appliance +profile=agent-fleet kv=turboquant draft=mtp`: the plan resolves, a real
+    server speculates with the embedded MTP head over TurboQuant KV, batched, and its text
+    equals draft=none's under the same profile and scheme."""
+    import concurrent.futures as cf
+
+    import httpx
+    from conftest import app_for
+    from openai import OpenAI
+
+    prompts = [EDIT_PROMPT, "import os\nimport sys\n\n\ndef main(", "class Stack:\n    def "]
+
+    def texts(overrides):
+        with app_for(["+profile=agent-fleet", "kv=turboquant", *overrides]) as (plan, _, url):
+            c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+            def one(p):
+                return c.completions.create(model=plan.model.id, prompt=p, max_tokens=24,
+                                            temperature=0)
+
+            with cf.ThreadPoolExecutor(3) as pool:
+                out = list(pool.map(one, prompts))
+            return plan, out, httpx.get(f"{url}/stats").json()
+
+    plan, spec, stats = texts(["draft=mtp", "draft.adaptive=false"])
+    _, plain, _ = texts([])
+    assert plan.draft.kind == "mtp" and plan.kv.scheme == "turboquant"
+    assert [r.choices[0].text for r in spec] == [r.choices[0].text for r in plain]
+    assert stats["speculation"]["mtp"]["proposed"] > 0
+    assert sum(r.usage.completion_tokens_details.accepted_prediction_tokens for r in spec) > 0
+
+
+def test_stops_and_logprobs_through_the_server_match_no_draft(client):
+    """A stop string ends the text at the same place (nothing past it is streamed), and the
+    chosen tokens' log-probabilities agree with draft=none's (a verify pass computes them
+    over several positions at once: equal up to float rounding)."""
+    from conftest import app_for
+    from openai import OpenAI
+
+    kw = dict(model="appliance-tiny", prompt=EDIT_PROMPT, max_tokens=40, temperature=0)
+    want = client.completions.create(**kw, stop=[" list"], logprobs=2)
+    want_stream = "".join(c.choices[0].text for c in client.completions.create(
+        **kw, stop=[" list"], stream=True))
+    with app_for(["draft=lookup", "draft.adaptive=false"]) as (plan, engine, url):
+        c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        got = c.completions.create(**kw, stop=[" list"], logprobs=2)
+        got_stream = "".join(ch.choices[0].text for ch in c.completions.create(
+            **kw, stop=[" list"], stream=True))
+    assert got.choices[0].text == want.choices[0].text == want_stream == got_stream
+    assert got.choices[0].finish_reason == want.choices[0].finish_reason == "stop"
+    a, b = got.choices[0].logprobs, want.choices[0].logprobs
+    assert a.tokens == b.tokens
+    assert np.allclose(a.token_logprobs, b.token_logprobs, atol=2e-2)

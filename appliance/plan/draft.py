@@ -37,6 +37,7 @@ class DraftPlan:
     weight_bytes: int = 0  # resident draft weights (model, mtp head)
     kv_bytes_per_token: int = 0  # the draft's own KV per token of a row
     verify: str = ""  # how proposals are checked, for the printed plan
+    content: str = ""  # identifies the draft's weights (content, not location)
 
 
 def resolve_draft(d: Any, target_dir: Path | None, info, dtype: str, batch_mode: str,
@@ -106,7 +107,8 @@ def resolve_draft(d: Any, target_dir: Path | None, info, dtype: str, batch_mode:
             dtype_bytes - COMPUTE_BYTES.get(dinfo.checkpoint_dtype, 4))
         return None if len(problems) > n else DraftPlan(
             kind="model", k=d.k, adaptive=d.adaptive, path=str(path), weight_bytes=weights,
-            kv_bytes_per_token=per_tok, verify=verify)
+            kv_bytes_per_token=per_tok, verify=verify,
+            content=f"{dinfo.config_sha256[:16]}-{dinfo.weights_sample_sha256[:16]}")
     # mtp
     from appliance.models import mtp
 
@@ -130,7 +132,8 @@ def resolve_draft(d: Any, target_dir: Path | None, info, dtype: str, batch_mode:
     per_tok = 2 * (info.num_kv_heads or 0) * (info.head_dim or 0) * dtype_bytes
     return None if len(problems) > n else DraftPlan(
         kind="mtp", k=d.k, adaptive=d.adaptive, path=where, head=head, weight_bytes=weights,
-        kv_bytes_per_token=per_tok, verify=verify)
+        kv_bytes_per_token=per_tok, verify=verify,
+        content=_headers_id(mtp._sources(target_dir, None if head == "checkpoint" else p)))
 
 
 def _draft_dir(d: Any, problems: list[str]) -> Path | None:
@@ -177,3 +180,16 @@ def _same_tokenizer(a: Path | None, b: Path) -> bool:
     va = _vocab(a) if a is not None else None
     return va is not None and va == _vocab(b)
 
+
+
+def _headers_id(files: list[Path]) -> str:
+    """A hash of the head's tensors as stored (names, dtypes, shapes and offsets)."""
+    import hashlib
+
+    from appliance.plan.model_info import read_safetensors_header
+
+    h = hashlib.sha256()
+    for f in files:
+        h.update(json.dumps(read_safetensors_header(f), sort_keys=True).encode())
+        h.update(str(f.stat().st_size).encode())
+    return h.hexdigest()[:16]

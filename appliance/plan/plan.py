@@ -158,7 +158,7 @@ def fingerprint(model: ModelPlan, kv: KVPlan, draft: DraftPlan) -> str:
         "quantization": model.quantization,
         "kv": kv.fingerprint_key(),
         # a draft model's or MTP head's layers are part of every stored row cache
-        "draft": draft.kind if draft.path is None else [draft.kind, draft.path],
+        "draft": draft.kind if not draft.content else [draft.kind, draft.content],
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return "fp_" + digest[:16]
