@@ -108,14 +108,14 @@ class Control:
     Per row: k follows the expected run of accepted tokens, a/(1-a) for acceptance a,
     plus one (capped at `k`); below `pause_below` the row pauses for `pause_steps` steps, then
     probes again with one token. Per batch size (by power of two): the tokens per second of
-    speculative and plain decode steps are both measured (each is re-measured now and then),
+    speculative and plain decode steps are both measured (each is re-measured every 32 steps),
     and the slower mode is not used. `adaptive=False` always proposes k."""
 
     k: int
     adaptive: bool = True
     pause_below: float = 0.1
     pause_steps: int = 4
-    explore_every: int = 64
+    explore_every: int = 32
     _rows: dict[int, _Row] = field(default_factory=dict)
     _rate: dict[tuple[int, bool], float] = field(default_factory=dict)  # (B, spec) -> tok/s
     _ticks: dict[int, int] = field(default_factory=dict)
@@ -160,7 +160,7 @@ class Control:
             return  # a first step at a batch size pays one-off costs; not a measurement
         rate = tokens / seconds
         old = self._rate.get(key)
-        self._rate[key] = rate if old is None else 0.8 * old + 0.2 * rate
+        self._rate[key] = rate if old is None else 0.5 * (old + rate)  # recent steps count
 
     def forget(self, uid: int) -> None:
         self._rows.pop(uid, None)
