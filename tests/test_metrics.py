@@ -109,3 +109,25 @@ def test_metrics_need_the_key_when_there_is_one():
         assert httpx.get(f"{url}/metrics").status_code == 401
         ok = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer secret"})
         assert ok.status_code == 200 and "appliance_requests_total" in ok.text
+
+
+def test_anthropic_and_responses_requests_count_their_tokens_and_ttft(live):
+    plan, engine, url = live
+    before = _scrape(url)
+    m = httpx.post(f"{url}/v1/messages", timeout=60, json={
+        "model": plan.model.id, "max_tokens": 4, "metadata": {"user_id": "reviewer"},
+        "messages": [{"role": "user", "content": "def add(a, b):"}]})
+    assert m.status_code == 200, m.text
+    r = httpx.post(f"{url}/v1/responses", timeout=60, json={
+        "model": plan.model.id, "max_output_tokens": 3, "user": "reviewer",
+        "input": "import os\n"})
+    assert r.status_code == 200, r.text
+    after = _scrape(url)
+
+    def delta(name, **labels):
+        return _get(after, name, **labels) - _get(before, name, **labels)
+
+    generated = m.json()["usage"]["output_tokens"] + r.json()["usage"]["output_tokens"]
+    assert delta("appliance_generated_tokens_total", agent="reviewer") == generated > 0
+    assert delta("appliance_time_to_first_token_seconds_count", endpoint="/v1/messages") == 1
+    assert delta("appliance_time_to_first_token_seconds_count", endpoint="/v1/responses") == 1
