@@ -554,3 +554,49 @@ def test_a_copy_that_fails_skips_the_entry_and_serving_goes_on(loaded, tmp_path,
     assert s.prefix.ssd.skipped == 2 and not s.prefix.ssd.disabled
     assert s.prefix.ssd.pending_bytes == 0 and "Unable to allocate" in caplog.text
     s.close()
+
+
+def test_the_writer_thread_runs_no_mlx(tmp_path, monkeypatch):
+    """Issue 15 item 8: only the engine thread runs MLX. The writer writes the blob from
+    buffers the engine thread evaluated: the MLX functions a serializer would call (eval,
+    save, clear_cache, ...) are wrapped here to record the calling thread, and the writer
+    calls none. The blob loads back bit-exact, bf16 included, with mlx-lm's own classes
+    and metadata."""
+    import threading
+
+    import mlx.core as mx
+    import numpy as np
+
+    from appliance.engine.kv import load_blob
+    from appliance.engine.ssd_tier import SsdTier
+
+    calls = []
+
+    def spy(name, fn):
+        def call(*a, **k):
+            calls.append((threading.current_thread().name, name))
+            return fn(*a, **k)
+        return call
+
+    for name in ("eval", "async_eval", "save_safetensors", "save", "clear_cache", "contiguous",
+                 "concatenate", "zeros", "synchronize", "load"):
+        monkeypatch.setattr(mx, name, spy(name, getattr(mx, name)))
+
+    layers = _kv_layers(24, 1)
+    layers[1].keys, layers[1].values = (layers[1].keys.astype(mx.bfloat16),
+                                        layers[1].values.astype(mx.bfloat16))
+    mx.eval([c.state for c in layers])
+    tier = SsdTier(str(tmp_path), 1 << 30, "fp_test")
+    tier.put(list(range(24)), layers)
+    tier.close()  # the writer finishes the write, then stops
+    assert calls and not [c for c in calls if "ssd-writer" in c[0]], calls
+    monkeypatch.undo()
+    (blob,) = (tmp_path / "fp_test" / "blobs").glob("*.safetensors")
+    restored, info = load_blob(str(blob))
+    assert info == {"fingerprint": "fp_test", "n_tokens": "24"}
+    for a, b in zip(layers, restored, strict=True):
+        assert type(b).__name__ == "KVCache" and b.offset == a.offset
+        for x, y in ((a.keys, b.keys), (a.values, b.values)):
+            assert x.dtype == y.dtype
+            assert np.array_equal(np.asarray(x.astype(mx.float32)),
+                                  np.asarray(y.astype(mx.float32)))

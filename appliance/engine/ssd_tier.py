@@ -3,8 +3,11 @@
 Layout: <cache.ssd.path>/<plan fingerprint>/{index/, blobs/}. The fingerprint
 namespace means a process with another model, dtype or KV scheme never sees these
 entries. The engine thread only takes a private, evaluated copy of an entry (a
-device copy); one writer thread serializes it (temp file, fsync, rename, then the
-index row), so no request waits on the disk. It starts a write once the engine has
+device copy) and the safetensors tensors and header made from it; one writer thread
+writes those bytes (temp file, fsync, rename, then the index row), so no request waits on
+the disk. Only the engine thread runs MLX: the writer reads evaluated buffers through the
+buffer protocol and writes the file itself, and the cache clear that follows a write on
+CUDA is the engine's, at its next step. It starts a write once the engine has
 been idle for QUIET_S (a step in progress, even a long prefill, is not idle), or the
 entry has waited MAX_DEFER_S, or the queue is half full: serializing does not take
 cores or memory bandwidth from a request. The copies waiting to be written
@@ -109,6 +112,58 @@ def _frozen(cache: list) -> list:
     return [type(c).from_state(s) for c, s in zip(cache, states, strict=True)]
 
 
+_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "uint8": "U8",
+           "uint16": "U16", "uint32": "U32", "int8": "I8", "int16": "I16", "int32": "I32",
+           "int64": "I64", "uint64": "U64", "bool": "BOOL"}
+
+
+def _tensors(cache: list, metadata: dict[str, str]) -> tuple[list, dict]:
+    """On the engine thread: what mlx-lm's `save_prompt_cache` would write for `cache`
+    (the same names, classes and scalar encoding, so `load_blob` reads it as before), as
+    evaluated arrays, each with its safetensors dtype; bfloat16 viewed as uint16 (the
+    buffer protocol has no bfloat16)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    scalars: list = [""]  # non-empty, else tree_flatten drops it
+    tensors = []
+    for name, x in tree_flatten([c.state for c in cache]):
+        if not isinstance(x, mx.array):
+            kind = ("none" if x is None else "string" if isinstance(x, str) else "scalar")
+            scalars.append((name, kind))
+            x = (mx.array([]) if x is None else mx.array([ord(ch) for ch in x])
+                 if isinstance(x, str) else mx.array(x))
+        code = _DTYPES[str(x.dtype).split(".")[-1]]
+        tensors.append((name, x.view(mx.uint16) if code == "BF16" else x, code))
+    mx.eval([x for _, x, _ in tensors])
+    meta = dict(tree_flatten([metadata, [type(c).__name__ for c in cache], scalars]))
+    return tensors, meta
+
+
+def write_safetensors(path: Path, tensors: list, metadata: dict[str, str]) -> None:
+    """The writer: a safetensors file from evaluated arrays, read through the buffer
+    protocol (no MLX work on this thread)."""
+    import json
+    import struct
+
+    import numpy as np
+
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name, x, code in tensors:
+        header[name] = {"dtype": code, "shape": list(x.shape),
+                        "data_offsets": [offset, offset + x.nbytes]}
+        offset += x.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for _, x, _ in tensors:
+            if x.nbytes:
+                f.write(memoryview(np.asarray(x)).cast("B"))
+
+
 def _key(tokens) -> str:
     import array
 
@@ -130,6 +185,10 @@ class SsdTier:
         self._pending_bytes = 0  # held by copies queued or in hand, until written
         self._touched: set[str] = set()  # keys used since their index row was written
         self._last_step, self._closing = 0.0, False
+        self._clear_wanted = False  # the writer read device buffers (CUDA): see step_started
+        import mlx.core as mx
+
+        self._on_cuda = hasattr(mx, "cuda") and mx.cuda.is_available()
         self._lock = threading.Lock()  # _meta / _trie: engine thread reads, writer writes
         try:
             import diskcache
@@ -162,8 +221,16 @@ class SsdTier:
 
     def step_started(self) -> None:
         """The engine is running a step: no write starts until it has gone quiet (one step
-        can be a whole prefill of seconds, which is not quiet)."""
+        can be a whole prefill of seconds, which is not quiet). On CUDA, a buffer the
+        writer read was moved to managed memory: MLX's buffer cache must not hand it to
+        the engine's next allocation (it would be paged back mid-request), so the engine
+        clears that cache here when the writer asked for it."""
         self._last_step = math.inf
+        if self._clear_wanted:
+            import mlx.core as mx
+
+            self._clear_wanted = False
+            mx.clear_cache()
 
     def note_step(self) -> None:
         """The engine finished a step (writes wait for it to go quiet)."""
@@ -232,7 +299,8 @@ class SsdTier:
             self.skipped += 1
             return
         try:
-            frozen = _frozen(cache)
+            frozen = _tensors(_frozen(cache), {"fingerprint": self.fingerprint,
+                                               "n_tokens": str(len(tokens))})
         except Exception as e:  # e.g. no memory for the copy right now: skip this entry
             self.skipped += 1
             log.warning("SSD prefix cache: skipping an entry (%s: %s)", type(e).__name__, e)
@@ -255,9 +323,7 @@ class SsdTier:
 
     # -- writer thread -------------------------------------------------------------
     def _write_loop(self) -> None:
-        import mlx.core as mx
-
-        on_cuda = hasattr(mx, "cuda") and mx.cuda.is_available()
+        on_cuda = self._on_cuda
         try:  # Linux threads have their own nice value: compute for requests comes first
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         except (AttributeError, OSError):
@@ -291,20 +357,14 @@ class SsdTier:
             if item[0] == "stop":
                 return
             if item[0] == "put" and on_cuda:
-                item = None
-                # the buffer just written was read on the host, so it is managed memory
-                # now, paged out: recycled through MLX's buffer cache into the engine's
-                # next allocation it would be paged back in mid-request
-                mx.clear_cache()
+                item = None  # its buffer was read on the host: the engine clears the cache
+                self._clear_wanted = True
 
-    def _write(self, key: str, tokens: list[int], cache: list) -> None:
-        from mlx_lm.models.cache import save_prompt_cache
-
+    def _write(self, key: str, tokens: list[int], blob) -> None:
         name = f"{key}.safetensors"
         final, tmp = self.dir / "blobs" / name, self.dir / "blobs" / f".tmp-{name}"
         try:
-            save_prompt_cache(str(tmp), cache,
-                              {"fingerprint": self.fingerprint, "n_tokens": str(len(tokens))})
+            write_safetensors(tmp, *blob)
             size = tmp.stat().st_size
             if size > self.cap_bytes:
                 return tmp.unlink()
