@@ -4,8 +4,9 @@
 Starts the real `appliance` CLI (default `+profile=agent-fleet`, an SSD tier in a temporary
 directory), then CLIENTS agents loop for MINUTES: each turn shares one long system prompt,
 streams or not, cancels one request in eight mid-stream, and samples with a seed. At the end
-every seeded answer is re-run alone on the idle server and must come back identical (a mixed-up
-response would not), and the process's RSS and /stats are printed at start and end.
+64 seeded answers are re-run alone on the idle server and must come back identical (a
+mixed-up response would not); RSS and the caches' bytes are sampled every 30 s, and /stats is
+printed at start and end.
 """
 
 from __future__ import annotations
@@ -100,8 +101,23 @@ async def main(minutes: float, clients: int, overrides: list[str]) -> dict:
         start = {"rss_mb": rss_mb(proc.pid), "stats": httpx.get(f"{url}/stats").json()}
         out = {"errors": [], "answers": [], "cancelled": 0, "throttled": 0}
         deadline = time.monotonic() + minutes * 60
-        await asyncio.gather(*(agent(i, url, deadline, out, random.Random(i))
-                               for i in range(clients)))
+        timeline = []
+
+        async def sample() -> None:  # RSS and the caches every 30 s, to see them level off
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+                while time.monotonic() < deadline:
+                    st = (await c.get("/stats")).json()
+                    cache = st.get("cache") or {}
+                    timeline.append({"s": round(minutes * 60 - (deadline - time.monotonic())),
+                                     "rss_mb": round(rss_mb(proc.pid)),
+                                     "ram_bytes": (cache.get("ram") or {}).get("bytes"),
+                                     "ssd_pending_bytes": (cache.get("ssd") or {}).get(
+                                         "pending_bytes"),
+                                     "kv_bytes": st["kv_bytes"]})
+                    await asyncio.sleep(30)
+
+        await asyncio.gather(sample(), *(agent(i, url, deadline, out, random.Random(i))
+                                         for i in range(clients)))
         mid = {"rss_mb": rss_mb(proc.pid), "stats": httpx.get(f"{url}/stats").json()}
         sample = random.Random(0).sample(out["answers"], min(64, len(out["answers"])))
         mixed = 0
@@ -112,7 +128,8 @@ async def main(minutes: float, clients: int, overrides: list[str]) -> dict:
         return {"clients": clients, "minutes": minutes, "answers": len(out["answers"]),
                 "cancelled": out["cancelled"], "throttled": out["throttled"],
                 "errors": out["errors"][:20], "n_errors": len(out["errors"]),
-                "rerun_alone": len(sample), "mixed_up": mixed, "start": start, "end": mid}
+                "rerun_alone": len(sample), "mixed_up": mixed, "timeline": timeline,
+                "start": start, "end": mid}
     finally:
         proc.terminate()
         proc.wait(60)
