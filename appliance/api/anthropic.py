@@ -277,27 +277,15 @@ def _event(kind: str, data: dict) -> bytes:
 @post("/v1/messages", status_code=200, exception_handlers=HANDLERS)
 async def messages(request: Request, state: State,
                    data: JSONBody[MessagesRequest]) -> Response | Stream:
-    from appliance.api.routes import SSE_HEADERS, _unless_disconnected
+    from appliance.api.routes import SSE_HEADERS, _complete, _unless_disconnected
 
     metrics.tag_agent(request, (data.metadata or {}).get("user_id"))
     prep = await asyncio.to_thread(prepare_messages, data, state.plan, state.tokenizer)
     user_stops = tuple(data.stop_sequences or ())
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     head = {"id": mid, "type": "message", "role": "assistant", "model": state.plan.model.id}
-    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
     if not data.stream:
-        items: list = []
-
-        async def collect() -> Done:
-            async for item in gen:
-                if isinstance(item, Done):
-                    return item
-                items.append(item)
-            raise RuntimeError("generation ended without a result")
-
-        done = await _unless_disconnected(request, gen, collect())
-        if done.error:
-            raise generation_failed(done.error)
+        items, done = await _complete(request, state, prep)
         content, text = [], "".join(p.text for p in items if isinstance(p, Piece))
         if text:
             content.append({"type": "text", "text": text})
@@ -306,6 +294,7 @@ async def messages(request: Request, state: State,
         return Response({**head, "content": content, "stop_reason": reason,
                          "stop_sequence": seq, "usage": _usage(done)})
 
+    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
     first = await _unless_disconnected(request, gen, gen.__anext__())
     if isinstance(first, Done) and first.error:
         raise generation_failed(first.error)

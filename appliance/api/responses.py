@@ -219,25 +219,13 @@ class _Builder:
 @post("/v1/responses", status_code=200)
 async def responses(request: Request, state: State,
                     data: JSONBody[ResponsesRequest]) -> Response | Stream:
-    from appliance.api.routes import SSE_HEADERS, _unless_disconnected
+    from appliance.api.routes import SSE_HEADERS, _complete, _unless_disconnected
 
     metrics.tag_agent(request, data.user)
     prep = await asyncio.to_thread(prepare_response, data, state.plan, state.tokenizer)
     out = _Builder(state.plan, data)
-    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
     if not data.stream:
-        items: list = []
-
-        async def collect() -> Done:
-            async for item in gen:
-                if isinstance(item, Done):
-                    return item
-                items.append(item)
-            raise RuntimeError("generation ended without a result")
-
-        done = await _unless_disconnected(request, gen, collect())
-        if done.error:
-            raise generation_failed(done.error)
+        items, done = await _complete(request, state, prep)
         text = "".join(p.text for p in items if isinstance(p, Piece))
         if text or not any(isinstance(c, ToolCall) for c in items):
             out.output.append(out.message(text, "completed"))
@@ -245,6 +233,7 @@ async def responses(request: Request, state: State,
         status = "incomplete" if done.finish_reason == "length" else "completed"
         return Response(out.response(status, done))
 
+    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
     first = await _unless_disconnected(request, gen, gen.__anext__())
     if isinstance(first, Done) and first.error:
         raise generation_failed(first.error)
