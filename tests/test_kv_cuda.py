@@ -1,4 +1,5 @@
-"""The fused TurboQuant decode kernels against the plain-MLX path, where MLX runs on CUDA.
+"""The fused decode kernels (TurboQuant, affine) against the plain-MLX path, where MLX runs
+on CUDA.
 
 Skipped on other backends: the plan claims the kernels only where this test ran."""
 
@@ -8,6 +9,7 @@ import mlx.core as mx
 import pytest
 
 from appliance.engine.kv import turboquant_cuda
+from appliance.engine.kv.affine import AffineCodec
 from appliance.engine.kv.quantized import Codes
 from appliance.engine.kv.turboquant import TurboCodec
 
@@ -17,7 +19,8 @@ pytestmark = pytest.mark.skipif(not turboquant_cuda.available(),
 
 @pytest.mark.parametrize("bits", [(4, 4), (3, 3), (4, 2)])
 @pytest.mark.parametrize("dim,heads,rep,T", [(64, 8, 4, 700), (128, 8, 1, 33)])
-def test_fused_decode_equals_the_plain_path(bits, dim, heads, rep, T):
+@pytest.mark.parametrize("strided", [False, True])
+def test_fused_decode_equals_the_plain_path(bits, dim, heads, rep, T, strided):
     codec = TurboCodec(dim, *bits)
     assert codec.fused
     B = 3
@@ -27,9 +30,34 @@ def test_fused_decode_equals_the_plain_path(bits, dim, heads, rep, T):
         mx.random.split(key, 3), strict=True))
     keys = Codes(codec.encode(k, "k"), codec)
     values = Codes(codec.encode(v, "v"), codec)
+    if strided:  # a layout's buffer sliced to its cursor: the kernels read it in place
+        spare = Codes(codec.encode(mx.concatenate([k, k[:, :, :40]], axis=2), "k"), codec)
+        keys = Codes(tuple(x[:, :, :T] for x in spare), codec)
     pad = mx.array([0, 5, T - 1])  # rows left-padded by different amounts
     mask = (mx.arange(T)[None] >= pad[:, None])[:, None, None, :]
     fused = codec.attend(q, keys, values, 0.125, mask)
     codec.fused = False
     plain = codec.attend(q, keys, values, 0.125, mask)
     assert mx.abs(fused - plain).max().item() < 1e-4
+
+
+@pytest.mark.parametrize("bits", [(8, 8), (8, 4), (4, 4), (4, 2)])
+@pytest.mark.parametrize("dim,heads,rep,T", [(64, 8, 4, 700), (128, 8, 1, 33)])
+def test_fused_affine_decode_equals_dequantize_then_sdpa(bits, dim, heads, rep, T):
+    """The affine kernels read a layout's buffer sliced to its cursor in place (strided)."""
+    codec = AffineCodec(64, *bits)
+    assert codec.fused
+    B = 3
+    key = mx.random.key(1)
+    k, v, q = (mx.random.normal(s, key=kk).astype(mx.bfloat16) for s, kk in zip(
+        [(B, heads, T + 40, dim), (B, heads, T + 40, dim), (B, heads * rep, 1, dim)],
+        mx.random.split(key, 3), strict=True))
+    keys = Codes(tuple(x[..., :T, :] for x in codec.encode(k, "k")), codec)  # strided views
+    values = Codes(tuple(x[..., :T, :] for x in codec.encode(v, "v")), codec)
+    pad = mx.array([0, 5, T - 1])
+    mask = (mx.arange(T)[None] >= pad[:, None])[:, None, None, :]
+    fused = codec.attend(q, keys, values, 0.125, mask)
+    plain = mx.fast.scaled_dot_product_attention(
+        q, codec.decode(keys, "k", mx.float32).astype(mx.bfloat16),
+        codec.decode(values, "v", mx.float32).astype(mx.bfloat16), scale=0.125, mask=mask)
+    assert mx.abs(fused.astype(mx.float32) - plain.astype(mx.float32)).max().item() < 2e-2

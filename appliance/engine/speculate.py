@@ -88,6 +88,7 @@ class LookupDrafter:
 
 
 WARM = 2  # measured steps of each kind before the batch picks the faster one
+PROBE = WARM + 1  # steps of a probe of the slower mode (its first one is not a measurement)
 
 
 def _bucket(rows: int) -> int:
@@ -102,14 +103,28 @@ class _Row:
 
 
 @dataclass
+class _Mode:
+    """One batch size's choice between speculative and plain steps."""
+
+    probe_at: int = 0  # the step at which the slower mode is probed again (0: not planned)
+    gap: int = 0  # steps between probes: doubles while the winner holds
+    winner: bool | None = None  # the mode before the current probe
+
+
+@dataclass
 class Control:
     """How many tokens each row may propose this step, and whether the batch speculates.
 
     Per row: k follows the expected run of accepted tokens, a/(1-a) for acceptance a,
     plus one (capped at `k`); below `pause_below` the row pauses for `pause_steps` steps, then
-    probes again with one token. Per batch size (by power of two): the tokens per second of
-    speculative and plain decode steps are both measured (each is re-measured every 32 steps),
-    and the slower mode is not used. `adaptive=False` always proposes k."""
+    probes again with one token. Per batch size (by power of two): the time of speculative
+    and plain steps and the tokens a speculative step yields per row are measured, and the
+    faster mode runs. The slower one is
+    probed again for a few steps after `explore_every` steps, then after twice as many each
+    time it loses again (up to 16x), so probing costs a small share of a long run and
+    speculation is never the slower choice for long. A batch size not measured yet takes the
+    decision of its neighbours: speculation that lost at B rows loses at more; one that won
+    at B wins at fewer. `adaptive=False` always proposes k."""
 
     k: int
     adaptive: bool = True
@@ -117,9 +132,11 @@ class Control:
     pause_steps: int = 4
     explore_every: int = 32
     _rows: dict[int, _Row] = field(default_factory=dict)
-    _rate: dict[tuple[int, bool], float] = field(default_factory=dict)  # (B, spec) -> tok/s
+    _secs: dict[tuple[int, bool], float] = field(default_factory=dict)  # (B, spec) -> s/step
+    _gain: dict[int, float] = field(default_factory=dict)  # B -> tokens per row per spec step
     _ticks: dict[int, int] = field(default_factory=dict)
     _seen: dict[tuple[int, bool], int] = field(default_factory=dict)
+    _modes: dict[int, _Mode] = field(default_factory=dict)
 
     def budget(self, uid: int) -> int:
         if not self.adaptive:
@@ -139,28 +156,61 @@ class Control:
         if r.accept < self.pause_below:
             r.paused, r.accept = self.pause_steps, self.pause_below + 0.1
 
+    def _measured(self, b: int) -> bool | None:
+        """Whether speculation is faster at bucket `b`, once both modes are measured there:
+        the tokens a speculative step yields per row against what its time would decode."""
+        if min(self._seen.get((b, True), 0), self._seen.get((b, False), 0)) < WARM:
+            return None
+        return self._gain[b] * self._secs[(b, False)] >= self._secs[(b, True)]
+
+    def _winner(self, b: int) -> bool | None:
+        own = self._measured(b)
+        if own is not None:
+            return own
+        for other in sorted(self._gain, key=lambda o: abs(o - b)):
+            won = self._measured(other)
+            if won is not None and (other <= b and not won or other >= b and won):
+                return won
+        return None
+
     def speculate(self, rows: int) -> bool:
         """Whether a batch of `rows` rows should speculate this step."""
         if not self.adaptive:
             return True
         b = _bucket(rows)
         n = self._ticks[b] = self._ticks.get(b, 0) + 1
-        spec, plain = self._rate.get((b, True)), self._rate.get((b, False))
-        if self._seen.get((b, True), 0) < WARM or self._seen.get((b, False), 0) < WARM:
+        winner = self._winner(b)
+        if winner is None:
             return n % 4 < 2  # measuring both, two steps of each in turn
-        better = spec >= plain
-        return better if n % self.explore_every >= 4 else not better
+        m = self._modes.setdefault(b, _Mode())
+        if not m.probe_at:
+            m.probe_at, m.gap, m.winner = n + self.explore_every, self.explore_every, winner
+        if n < m.probe_at:
+            if winner != m.winner:  # the running mode fell below the other's last rate
+                m.winner, m.gap, m.probe_at = winner, self.explore_every, n + self.explore_every
+            return m.winner
+        if n < m.probe_at + PROBE:
+            return not m.winner
+        held = winner == m.winner  # the probe is over: back off while the winner holds
+        m.gap = min(2 * m.gap, 16 * self.explore_every) if held else self.explore_every
+        m.probe_at, m.winner = n + m.gap, winner
+        return winner
 
     def timed(self, rows: int, spec: bool, seconds: float, tokens: int) -> None:
+        """One step's time and the tokens it emitted. Step times move fast (0.3 per step);
+        the yield of speculative steps is smoothed harder (0.15), since acceptance varies
+        from step to step far more than the time a step takes."""
         if seconds <= 0:
             return
-        key = (_bucket(rows), spec)
-        seen = self._seen[key] = self._seen.get(key, 0) + 1
+        b = _bucket(rows)
+        seen = self._seen[(b, spec)] = self._seen.get((b, spec), 0) + 1
         if seen == 1:
             return  # a first step at a batch size pays one-off costs; not a measurement
-        rate = tokens / seconds
-        old = self._rate.get(key)
-        self._rate[key] = rate if old is None else 0.5 * (old + rate)  # recent steps count
+        old = self._secs.get((b, spec))
+        self._secs[(b, spec)] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        if spec:
+            old = self._gain.get(b)
+            self._gain[b] = tokens / rows if old is None else 0.85 * old + 0.15 * tokens / rows
 
     def forget(self, uid: int) -> None:
         self._rows.pop(uid, None)

@@ -184,12 +184,14 @@ class _Decoding(_Batch):
             row.append(t)  # now in the row's KV
         return toks, current_logprobs
 
-    def _forward(self, model, rows: list[list[int]], finalize: bool = True) -> mx.array:
-        """One forward pass over each row's tokens (right-padded to the longest), with
-        the padding rolled away afterwards (`finalize`) as a prefill chunk's is; quantized
-        layers attend as that many decode steps would (`decode_like`). Logits [B, L, V]."""
+    def _forward(self, model, rows: list[list[int]], finalize: bool = True,
+                 width: int = 0) -> mx.array:
+        """One forward pass over each row's tokens (right-padded to the longest, or to
+        `width`), with the padding rolled away afterwards (`finalize`) as a prefill chunk's
+        is; quantized layers attend as that many decode steps would (`decode_like`).
+        Logits [B, L, V]."""
         lengths = [len(r) for r in rows]
-        width = max(lengths)
+        width = max(*lengths, width)
         pad = [width - n for n in lengths]
         x = mx.array([r + [0] * p for r, p in zip(rows, pad, strict=True)])
         decode_like = [c for c in self.layers if hasattr(c, "decode_like")]
@@ -209,19 +211,20 @@ class _Decoding(_Batch):
                 c.finalize()
         return logits
 
-    def verify(self, model, pend: list[int], drafts: list[list[int]], qs: list | None = None
-               ) -> list[tuple[list[int], list[mx.array]]]:
+    def verify(self, model, pend: list[int], drafts: list[list[int]], qs: list | None = None,
+               width: int = 0) -> list[tuple[list[int], list[mx.array]]]:
         """Feed every row its pending token and its drafts in one pass; keep, per row, the
         drafts its own samples confirm (`accept_deterministic`), or for a sampled row
         whose drafts came with the draft's distributions `qs[i]`, the ones speculative
         sampling keeps (`accept_sampled`). Returns per row the tokens now emitted (the
         pending one first) with their log-probabilities; the token sampled after them
-        becomes the row's pending token."""
+        becomes the row's pending token. `width`: the least tokens per row the pass feeds
+        (padding), so a backend that compiles per shape sees one shape per batch size."""
         fed = [[p, *d] for p, d in zip(pend, drafts, strict=True)]
         recurrent = [c for c in self.layers if isinstance(c, RecurrentLayout)]
         for c in recurrent:
             c.checkpoint()
-        logits = self._forward(model, fed, finalize=False)  # _roll_back finalizes
+        logits = self._forward(model, fed, finalize=False, width=width)  # _roll_back finalizes
         self.last_hidden = getattr(model, "hidden", None)  # an MTP head drafts from them
         logprobs, samples = self._sample_all(logits, fed)
         out, kept, new_pend, new_lp = [], [], [], []
@@ -238,7 +241,7 @@ class _Decoding(_Batch):
             kept.append(toks)
             new_pend.append(nxt)
             new_lp.append(logprobs[i][a])
-        self._roll_back(model, fed, kept, recurrent)
+        self._roll_back(model, max(width, *map(len, fed)), fed, kept, recurrent)
         self.last_fed, self.last_kept = fed, kept  # for the drafter's own rollback
         for i, toks in enumerate(kept):
             self.tokens[i].extend(toks)  # now in the row's KV
@@ -281,12 +284,12 @@ class _Decoding(_Batch):
         mx.eval(outs, lps)
         return lps, [o.tolist() for o in outs]
 
-    def _roll_back(self, model, fed: list[list[int]], kept: list[list[int]],
+    def _roll_back(self, model, width: int, fed: list[list[int]], kept: list[list[int]],
                    recurrent: list) -> None:
-        """Drop each row's padding and rejected tokens from its KV: one roll per layer, as
-        a right-padded chunk's padding is rolled away. Recurrent state cannot drop tokens:
-        then every row goes back to before the pass and feeds again what it keeps."""
-        width = max(len(f) for f in fed)
+        """Drop each row's padding and rejected tokens from its KV (the pass fed `width`
+        tokens per row): one roll per layer, as a right-padded chunk's padding is rolled
+        away. Recurrent state cannot drop tokens: then every row goes back to before the
+        pass and feeds again what it keeps."""
         if recurrent and any(len(k) < len(f) for k, f in zip(kept, fed, strict=True)):
             for c in self.layers:
                 if c in recurrent:
@@ -505,7 +508,7 @@ class BatchStep:
         drafts, qs = self.drafter.propose(d, pend, ks)
         if not any(drafts) and not self.drafter.fed:
             return None  # nothing proposed, nothing fed to a draft: a plain step
-        out = d.verify(self.model, pend, drafts, qs)
+        out = d.verify(self.model, pend, drafts, qs, width=ctl.k + 1 if WHOLE_BUFFER else 0)
         self.drafter.settle(d)
         mx.eval([c.state for c in d.layers + d.extra])  # its rollback too: timed with it
         ctl.timed(rows, True, time.perf_counter() - t, sum(len(o[0]) for o in out))

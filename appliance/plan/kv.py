@@ -168,10 +168,12 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
     if kv.scheme == "affine":
         kb = affine_vector_bytes(dim, int(kv.key_bits), kv.group_size, dtype_bytes) * heads
         vb = affine_vector_bytes(dim, int(kv.value_bits), kv.group_size, dtype_bytes) * heads
-        attention = ("decode: dequantize, then fused SDPA (MLX's CUDA backend has no "
-                     "quantized_matmul for attention's shapes)" if backend == "cuda" else
-                     "decode: mx.quantized_matmul over the stored codes") \
-            + "; prefill: fused SDPA over fresh float KV"
+        widths = {int(kv.key_bits), int(kv.value_bits)} <= {2, 4, 8}
+        attention = ("decode: mx.quantized_matmul over the stored codes" if backend != "cuda"
+                     else "decode: fused CUDA kernels over the packed codes (MLX's CUDA backend "
+                     "has no quantized_matmul for attention's shapes)" if widths else
+                     "decode: dequantize, then fused SDPA (no fused kernel for these widths "
+                     "on cuda)") + "; prefill: fused SDPA over fresh float KV"
     else:
         kb = turbo_vector_bytes(dim, kv.key_bits) * heads
         vb = turbo_vector_bytes(dim, kv.value_bits) * heads

@@ -2,8 +2,9 @@
 
 Per group of `group_size` elements of a head vector: packed words, a scale and a bias in
 the compute dtype. Decode attends with `mx.quantized_matmul` (mlx-lm's quantized
-attention, with per-tensor bits; with equal bits it is mlx-lm's arithmetic exactly),
-except on MLX's CUDA backend, which has no such kernel for these shapes.
+attention, with per-tensor bits; with equal bits it is mlx-lm's arithmetic exactly).
+MLX's CUDA backend has no such kernel for these shapes: there a decode step runs two fused
+kernels over the codes (affine_cuda.py), and a multi-token pass dequantizes, then runs SDPA.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import mlx.core as mx
 from mlx.utils import tree_map
 
+from appliance.engine.kv import affine_cuda
 from appliance.engine.kv.quantized import CODECS, masked_softmax
 
 
@@ -26,9 +28,11 @@ class AffineCodec:
     def __init__(self, group_size: int = 64, key_bits: int = 8, value_bits: int = 8):
         self.group_size, self.key_bits, self.value_bits = group_size, key_bits, value_bits
         # MLX's CUDA backend has no quantized_matmul for attention's shapes ("No
-        # implementation for problem shape", seen on the H200): there decode dequantizes,
-        # then runs fused SDPA (the reference path), and the plan says so.
-        self.attends = not on_cuda()
+        # implementation for problem shape", seen on the H200): there decode runs our fused
+        # kernels where the widths allow (tests/test_kv_cuda.py), else the reference path.
+        self.cuda = on_cuda()
+        self.fused = self.cuda and key_bits in affine_cuda.BITS and value_bits in affine_cuda.BITS
+        self.attends = self.fused or not self.cuda
 
     def _bits(self, which: str) -> int:
         return self.key_bits if which == "k" else self.value_bits
@@ -55,6 +59,16 @@ class AffineCodec:
         B, n_q_heads, L, D = queries.shape
         n_kv_heads = keys[0].shape[-3]
         n_repeats = n_q_heads // n_kv_heads
+        if self.cuda:
+            if L == 1:
+                q = (queries.astype(mx.float32) * scale).reshape(B, n_kv_heads, n_repeats, D)
+                out = affine_cuda.attend(self, q, keys, values,
+                                         None if isinstance(mask, str) else mask)
+                return out.reshape(B, n_q_heads, 1, D).astype(queries.dtype)
+            dt = queries.dtype  # a multi-token pass (a verify): the reference arithmetic
+            return mx.fast.scaled_dot_product_attention(
+                queries, self.decode(keys, "k", dt), self.decode(values, "v", dt),
+                scale=scale, mask=mask)
         queries = queries * scale
         k, v = tuple(keys), tuple(values)
         if n_repeats > 1:

@@ -2,9 +2,10 @@
 backend: scores straight from the packed key codes, then the values weighted in rotated
 space straight from the packed value codes, so no float K or V is materialized.
 
-Used for one query token per row (decode) with whole bits (2, 3, 4); everything else takes
-the plain-MLX path in turboquant.py. tests/test_kv_cuda.py checks the two against each
-other on a CUDA device (it is skipped elsewhere).
+The codes are read in place through their strides (a layout's buffer sliced to its cursor
+is not copied). Used for one query token per row (decode) with whole bits (2, 3, 4);
+everything else takes the plain-MLX path in turboquant.py. tests/test_kv_cuda.py checks the
+two against each other on a CUDA device (it is skipped elsewhere).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ CHUNK = 256  # tokens per partial sum in the value kernel (more blocks for long 
 
 _SCORES = """
     size_t gid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int T = kp_shape[2];
-    size_t BH = (size_t)kp_shape[0] * kp_shape[1];
+    int H = kp_shape[1], T = kp_shape[2];
+    size_t BH = (size_t)kp_shape[0] * H;
     if (gid >= BH * T) return;
-    size_t bh = gid / T;
+    size_t bh = gid / T, b = bh / H, h = bh % H;
     int t = gid % T;
-    const uint32_t* words = kp + (bh * T + t) * WK;
+    const uint32_t* words = kp + b * kp_strides[0] + h * kp_strides[1] + t * kp_strides[2];
     const float* qb = q + bh * R * D;
     float acc[R];
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
@@ -35,30 +36,31 @@ _SCORES = """
         float c = book[v & ((1u << BITS) - 1u)];
         for (int r = 0; r < R; ++r) acc[r] += qb[r * D + j] * c;
     }
-    float n = (float)kn[bh * T + t];
+    float n = (float)kn[b * kn_strides[0] + h * kn_strides[1] + t * kn_strides[2]];
     for (int r = 0; r < R; ++r) scores[(bh * R + r) * T + t] = acc[r] * n;
 """
 
 _VALUES = """
     size_t gid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int T = vp_shape[2];
-    size_t BH = (size_t)vp_shape[0] * vp_shape[1];
+    int H = vp_shape[1], T = vp_shape[2];
+    size_t BH = (size_t)vp_shape[0] * H;
     int C = (T + CHUNK - 1) / CHUNK;
     if (gid >= BH * C * D) return;
     int j = gid % D;
     size_t rest = gid / D;
     int c = rest % C;
-    size_t bh = rest / C;
+    size_t bh = rest / C, b = bh / H, h = bh % H;
     int w = (j * BITS) >> 5, shift = (j * BITS) & 31;
     bool spill = shift + BITS > 32;
     float acc[R];
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     int t1 = min(T, (c + 1) * CHUNK);
     for (int t = c * CHUNK; t < t1; ++t) {
-        const uint32_t* words = vp + (bh * T + t) * WV;
+        const uint32_t* words = vp + b * vp_strides[0] + h * vp_strides[1] + t * vp_strides[2];
         uint32_t code = words[w] >> shift;
         if (spill) code |= words[w + 1] << (32 - shift);
-        float v = book[code & ((1u << BITS) - 1u)] * (float)vn[bh * T + t];
+        float v = book[code & ((1u << BITS) - 1u)]
+            * (float)vn[b * vn_strides[0] + h * vn_strides[1] + t * vn_strides[2]];
         for (int r = 0; r < R; ++r) acc[r] += p[(bh * R + r) * T + t] * v;
     }
     for (int r = 0; r < R; ++r) part[((bh * C + c) * R + r) * D + j] = acc[r];
@@ -72,9 +74,11 @@ def available() -> bool:
 @functools.cache
 def _kernels():
     scores = mx.fast.cuda_kernel(name="tq_scores", input_names=["q", "kp", "kn", "book"],
-                                 output_names=["scores"], source=_SCORES)
+                                 output_names=["scores"], source=_SCORES,
+                                 ensure_row_contiguous=False)
     values = mx.fast.cuda_kernel(name="tq_values", input_names=["p", "vp", "vn", "book"],
-                                 output_names=["part"], source=_VALUES)
+                                 output_names=["part"], source=_VALUES,
+                                 ensure_row_contiguous=False)
     return scores, values
 
 
@@ -88,14 +92,14 @@ def attend(codec, q_rot: mx.array, keys, values, mask) -> mx.array:
     T = kp.shape[2]
     kb, vb = int(codec.key_bits), int(codec.value_bits)
     (scores,) = scores_k(
-        inputs=[q_rot, kp, kn, codec.books[kb][0]],
+        inputs=[mx.contiguous(q_rot), kp, kn, codec.books[kb][0]],
         template=[("D", D), ("R", R), ("WK", kp.shape[-1]), ("BITS", kb)],
         grid=(B * H * T, 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(B, H, R, T)], output_dtypes=[mx.float32])
     p = masked_softmax(scores, mask, grouped=False)  # scores (B, Hkv, R, T): no group axis
     chunks = -(-T // CHUNK)
     (part,) = values_k(
-        inputs=[p, vp, vn, codec.books[vb][0]],
+        inputs=[mx.contiguous(p), vp, vn, codec.books[vb][0]],
         template=[("D", D), ("R", R), ("WV", vp.shape[-1]), ("BITS", vb), ("CHUNK", CHUNK)],
         grid=(B * H * chunks * D, 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(B, H, chunks, R, D)], output_dtypes=[mx.float32])
