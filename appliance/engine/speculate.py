@@ -136,6 +136,7 @@ class Control:
     _gain: dict[int, float] = field(default_factory=dict)  # B -> tokens per row per spec step
     _ticks: dict[int, int] = field(default_factory=dict)
     _seen: dict[tuple[int, bool], int] = field(default_factory=dict)
+    _odd: dict[tuple[int, bool], int] = field(default_factory=dict)  # outliers in a row
     _modes: dict[int, _Mode] = field(default_factory=dict)
 
     def budget(self, uid: int) -> int:
@@ -207,6 +208,10 @@ class Control:
         if seen == 1:
             return  # a first step at a batch size pays one-off costs; not a measurement
         old = self._secs.get((b, spec))
+        if old is not None and seconds > 3 * old and self._odd.get((b, spec), 0) < 2:
+            self._odd[(b, spec)] = self._odd.get((b, spec), 0) + 1
+            return  # a one-off (a new shape compiled); two in a row, and the third counts
+        self._odd[(b, spec)] = 0
         self._secs[(b, spec)] = seconds if old is None else 0.7 * old + 0.3 * seconds
         if spec:
             old = self._gain.get(b)
