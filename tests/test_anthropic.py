@@ -79,7 +79,11 @@ def test_forced_tool_use_and_a_tool_result_turn(claude, plan, stream):
               tool_choice={"type": "any", "disable_parallel_tool_use": True})
     if stream:
         with claude.messages.stream(**kw) as s:
+            pieces = [e.delta.partial_json for e in s if e.type == "content_block_delta"
+                      and e.delta.type == "input_json_delta"]
             m = s.get_final_message()
+        assert len(pieces) > 3  # the input arrives as it is written
+        assert json.loads("".join(pieces)) == m.content[-1].input
     else:
         m = claude.messages.create(**kw)
     assert m.stop_reason == "tool_use"
@@ -98,6 +102,18 @@ def test_forced_tool_use_and_a_tool_result_turn(claude, plan, stream):
     assert n.input_tokens == m2.usage.input_tokens + m2.usage.cache_read_input_tokens
 
 
+def test_tool_choice_none_keeps_the_tools_and_answers_in_text(claude, plan):
+    kw = dict(model=plan.model.id, max_tokens=12, messages=MSGS, tools=TOOLS,
+              extra_body={"temperature": 0})
+    m = claude.messages.create(tool_choice={"type": "none"}, **kw)
+    n = claude.messages.count_tokens(model=plan.model.id, messages=MSGS, tools=TOOLS)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == n.input_tokens
+    assert n.input_tokens > claude.messages.count_tokens(model=plan.model.id,
+                                                         messages=MSGS).input_tokens
+    assert [b.type for b in m.content] == ["text"] and m.stop_reason != "tool_use"
+    assert "<tool_call>" not in m.content[0].text
+
+
 @pytest.mark.parametrize("extra,status,fragment", [
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "thinking"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "tools[0].type"),
@@ -106,6 +122,8 @@ def test_forced_tool_use_and_a_tool_result_turn(claude, plan, stream):
     ({"extra_body": {"temperature": 1.5}}, 400, "temperature"),
     ({"output_config": {"effort": "high"}}, 400, "output_config.effort"),
     ({"inference_geo": "us"}, 400, "inference_geo"),
+    ({"extra_body": {"not_a_field": 1}}, 400, "not_a_field"),
+    ({"service_tier": "priority"}, 400, "service_tier"),
     ({"model": "claude-nope"}, 404, "claude-nope"),
     ({"max_tokens": 20000}, 400, "max_tokens"),
     ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
@@ -119,6 +137,27 @@ def test_errors_have_anthropics_shape(claude, plan, extra, status, fragment):
     assert body["type"] == "error" and fragment in body["error"]["message"]
     assert body["error"]["type"] == ("not_found_error" if status == 404
                                      else "invalid_request_error")
+
+
+def _refused():
+    from appliance.api.anthropic import REFUSED
+
+    return sorted(REFUSED)
+
+
+@pytest.mark.parametrize("field", [*_refused(), "speed", "service_tier"])
+@pytest.mark.parametrize("path", ["messages", "count_tokens"])
+def test_every_known_unsupported_field_is_refused_by_name(claude, plan, field, path):
+    """Each Messages API field this server declares but does not implement, through the
+    official client; count_tokens declares only the fields that shape the prompt."""
+    value = {"speed": "fast", "service_tier": "priority"}.get(field, {"x": 1})
+    kw = dict(model=plan.model.id, messages=MSGS, extra_body={field: value})
+    with pytest.raises(anthropic.BadRequestError) as e:
+        if path == "messages":
+            claude.messages.create(max_tokens=3, **kw)
+        else:
+            claude.messages.count_tokens(**kw)
+    assert e.value.body["error"]["message"].startswith(f"{field}: ")
 
 
 def test_output_config_format_is_enforced(claude, plan):

@@ -68,6 +68,48 @@ def test_streaming_and_ranges_are_documented(spec, small_server):
     assert props["messages"]["minItems"] == 1
 
 
+def _client_fields() -> dict[str, set[str]]:
+    """The request fields the installed official clients can send, per endpoint."""
+    import typing
+
+    from anthropic.types import message_count_tokens_params, message_create_params
+    from openai.types import completion_create_params
+    from openai.types.chat import completion_create_params as chat_params
+    from openai.types.responses import response_create_params
+
+    params = {"/v1/chat/completions": chat_params.CompletionCreateParamsBase,
+              "/v1/completions": completion_create_params.CompletionCreateParamsBase,
+              "/v1/responses": response_create_params.ResponseCreateParamsBase,
+              "/v1/messages": message_create_params.MessageCreateParamsBase,
+              "/v1/messages/count_tokens": message_count_tokens_params.MessageCountTokensParams}
+    return {path: set(typing.get_type_hints(td)) for path, td in params.items()}
+
+
+def test_every_field_a_client_sends_is_in_the_schema_and_no_other_is_accepted(spec,
+                                                                              small_server):
+    """What the routes read is what the schema lists: each field of the official clients'
+    requests is declared (honored, or refused by name), and any other field is a 400
+    naming it, on every endpoint."""
+    plan, url = small_server
+    bodies = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}]},
+              "/v1/completions": {"prompt": "x"}, "/v1/responses": {"input": "x"},
+              "/v1/messages": {"max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
+              "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "x"}]}}
+    for path, fields in _client_fields().items():
+        body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        component = spec["components"]["schemas"][body["schema"]["$ref"].rsplit("/", 1)[-1]]
+        assert component["additionalProperties"] is False, path
+        assert fields - {"stream"} <= set(component["properties"]), \
+            (path, fields - set(component["properties"]))
+        r = httpx.post(f"{url}{path}", json={"model": plan.model.id, **bodies[path],
+                                             "not_a_field": 1})
+        assert r.status_code == 400, (path, r.text)
+        message = r.json()["error"]["message"]
+        assert message.startswith("not_a_field: "), message
+        if not path.startswith("/v1/messages"):
+            assert r.json()["error"]["param"] == "not_a_field"
+
+
 def test_a_key_adds_401_everywhere_but_health():
     from conftest import resolve_overrides
 

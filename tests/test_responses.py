@@ -43,15 +43,41 @@ def test_streaming_events(client, plan):
     assert [e.text for e in done] == [text]
 
 
+def test_an_incomplete_response_streams_as_openai_ends_one(client, plan):
+    """max_output_tokens hit: the stream helper's events end with response.incomplete (as
+    OpenAI's do), carrying the whole response: status and reason, the text so far, the
+    message marked incomplete. Non-streamed, the same response."""
+    kw = dict(model=plan.model.id, input=Q, max_output_tokens=4, temperature=0)
+    with client.responses.stream(**kw) as s:
+        events = list(s)
+    last = events[-1]
+    assert last.type == "response.incomplete" and last.sequence_number == len(events) - 1
+    assert [e.type for e in events].count("response.incomplete") == 1
+    assert not any(e.type in ("response.completed", "error") for e in events)
+    r = last.response
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and r.output_text == text and r.usage.output_tokens == 4
+    (msg,) = r.output
+    assert msg.status == "incomplete"
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.id, i.status) for i in done] == [(msg.id, "incomplete")]
+    whole = client.responses.create(**kw)
+    assert (whole.status, whole.output_text, whole.output[0].status) == \
+        ("incomplete", text, "incomplete")
+    assert whole.incomplete_details.reason == "max_output_tokens"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_function_call_round_trip(client, plan, stream):
     kw = dict(model=plan.model.id, input=Q, tools=TOOLS, tool_choice="required",
               parallel_tool_calls=False, max_output_tokens=60)
     if stream:
         with client.responses.stream(**kw) as s:
-            for _ in s:
-                pass
+            deltas = [e for e in s if e.type == "response.function_call_arguments.delta"]
             r = s.get_final_response()
+        assert len(deltas) > 3  # the arguments arrive as they are written
+        assert "".join(d.delta for d in deltas) == r.output[0].arguments
     else:
         r = client.responses.create(**kw)
     calls = [o for o in r.output if o.type == "function_call"]
@@ -79,6 +105,10 @@ def test_structured_text_format(client, plan):
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"background": True}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"moderation": {"mode": "strict"}}, "moderation"),
+    ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+    ({"service_tier": "flex"}, "service_tier"),
+    ({"not_a_field": 1}, "not_a_field"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}},
      "text.format.schema"),
@@ -88,6 +118,23 @@ def test_unsupported_fields_are_refused_by_name(server, plan, extra, param):
     r = httpx.post(f"{server}/v1/responses", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def _refused():
+    from appliance.api.responses import REFUSED
+
+    return sorted(REFUSED)
+
+
+@pytest.mark.parametrize("field", [*_refused(), "truncation", "service_tier"])
+def test_every_known_unsupported_field_is_refused_by_name(client, plan, field):
+    """Each field of OpenAI's Responses API this server declares but does not implement,
+    sent through the official client."""
+    value = {"truncation": "auto", "service_tier": "priority"}.get(field, {"x": 1})
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=plan.model.id, input=Q, max_output_tokens=3,
+                                extra_body={field: value})
+    assert e.value.param == field
 
 
 def test_the_client_sees_context_overflow(client, plan):

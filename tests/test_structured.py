@@ -23,6 +23,13 @@ PERSON = {"type": "object", "properties": {
 FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "strict": True,
                                                  "schema": PERSON}}
 MSGS = [{"role": "user", "content": "Describe a person as JSON."}]
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                        "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+       "required": ["a", "b"], "additionalProperties": False}
+TOOL_SCHEMAS = {"add": ADD, "describe": PERSON}
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": p}}
+         for n, p in TOOL_SCHEMAS.items()]
+ASK = [{"role": "user", "content": "Add 2 and 3."}]
 
 
 def _ask(client, plan, **kw):
@@ -124,3 +131,70 @@ def test_the_processor_follows_rollbacks(engine, plan):
     only_eos = (p(mx.array(wrong), logits) > -mx.inf).tolist()[0]
     assert {i for i, ok in enumerate(only_eos) if ok} == set(tok.eos_token_ids)  # off: end
     assert mask(p, 6) == want[6]  # and back on it
+
+
+EXAMPLES = ('{"name": "Ada", "age": 36, "tags": ["a", "b"], "ok": true}\n'
+            '{"name": "Bob", "age": 41, "tags": ["c"], "ok": false}\n') * 2
+EDIT = ("def parse(text):\n    items = []\n    for line in text.splitlines():\n"
+        "        items.append(line.strip())\n    return items\n\n"
+        "# the same function, renamed\ndef parse_lines(text):\n")
+
+
+def _mixed_batch(url: str, model: str) -> list[tuple[str, str, int]]:
+    """Eight concurrent requests in one batch: JSON-schema rows (two streamed, two seeded
+    and sampled), free completions, and a forced tool call. (kind, text, drafts kept)."""
+    from openai import OpenAI
+
+    c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+    def one(i: int):
+        sampled = dict(temperature=0.8, seed=i) if i >= 4 else dict(temperature=0)
+        if i % 2:
+            r = c.completions.create(model=model, prompt=EDIT, max_tokens=40, **sampled)
+            text, usage = r.choices[0].text, r.usage
+        elif i == 6:
+            r = c.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
+                                          tool_choice="required", parallel_tool_calls=False,
+                                          max_tokens=60, **sampled)
+            call = r.choices[0].message.tool_calls[0].function
+            return "call", f"{call.name} {call.arguments}", 0
+        else:
+            kw = dict(model=model, max_tokens=80, response_format=FORMAT, **sampled,
+                      messages=[{"role": "user", "content": "People as JSON:\n" + EXAMPLES}])
+            if i in (2, 4):
+                chunks = list(c.chat.completions.create(
+                    stream=True, stream_options={"include_usage": True}, **kw))
+                text = "".join(ch.choices[0].delta.content or "" for ch in chunks
+                               if ch.choices)
+                usage = chunks[-1].usage
+            else:
+                r = c.chat.completions.create(**kw)
+                text, usage = r.choices[0].message.content, r.usage
+        kind = "free" if i % 2 else "json"
+        return kind, text, usage.completion_tokens_details.accepted_prediction_tokens
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(8)))
+
+
+def test_constrained_rows_speculate_exactly(server, plan):
+    """Constrained decoding composes with speculative decoding (draft=lookup, speculating
+    at every step): in one batch of JSON-schema rows, free rows and a forced call, streamed
+    and not, greedy and seeded, every constrained output validates, drafts are kept on
+    constrained rows, and the greedy rows equal this server's (draft=none) output."""
+    from conftest import app_for
+
+    with app_for(["draft=lookup", "draft.adaptive=false"]) as (p, engine, url):
+        spec = _mixed_batch(url, p.model.id)
+        proposed = engine.stats()["speculation"]["lookup"]["proposed"]
+    plain = _mixed_batch(server, plan.model.id)
+    assert proposed > 0
+    for i, ((kind, text, kept), (_, want, _)) in enumerate(zip(spec, plain, strict=True)):
+        if kind == "json":
+            jsonschema.validate(json.loads(text), PERSON)
+            assert kept > 0, i  # the row speculated, and drafts survived its grammar
+        if kind == "call":
+            name, args = text.split(" ", 1)
+            jsonschema.validate(json.loads(args), TOOL_SCHEMAS[name])
+        if i < 4:  # temperature 0: exactly the output without a draft
+            assert text == want, i

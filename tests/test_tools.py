@@ -11,7 +11,8 @@ import jsonschema
 import openai
 import pytest
 
-from appliance.api.tools import ToolCall, ToolCallSplitter, tool_format
+from appliance.api.tools import tool_format
+from appliance.api.toolstream import CallArgs, CallStart, ToolCall, ToolCallSplitter
 from appliance.plan.resolve import EMBEDDED_MODEL
 
 WEATHER = {"type": "object", "properties": {
@@ -59,7 +60,8 @@ def test_the_template_renders_tools_and_leaves_plain_chats_alone(client, plan):
     plain = usage(messages=MSGS).prompt_tokens
     with_tools = usage(messages=MSGS, tools=TOOLS).prompt_tokens
     assert with_tools > plain + 50  # the tools' JSON is in the prompt
-    assert usage(messages=MSGS, tools=TOOLS, tool_choice="none").prompt_tokens == plain
+    # tool_choice none keeps the tools in the prompt, as OpenAI does (calls are masked)
+    assert usage(messages=MSGS, tools=TOOLS, tool_choice="none").prompt_tokens == with_tools
     history = [*MSGS, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
@@ -92,8 +94,72 @@ def test_required_gives_one_valid_call(client, plan, stream):
             deltas += c.delta.tool_calls or []
             finishes.append(c.finish_reason)
     assert content == "" and [f for f in finishes if f] == ["tool_calls"]
-    assert [d.index for d in deltas] == [0]
-    _check_calls(deltas)
+    assert {d.index for d in deltas} == {0}
+    # as OpenAI streams a call: the first delta names it, the arguments follow in pieces
+    head, *rest = deltas
+    assert head.id and head.type == "function" and head.function.name in SCHEMAS
+    assert head.function.arguments == "" and len(rest) > 3
+    assert all(d.id is None and d.function.name is None for d in rest)
+    args = "".join(d.function.arguments for d in rest)
+    jsonschema.validate(json.loads(args), SCHEMAS[head.function.name])
+
+
+def test_streamed_arguments_equal_the_whole_response_and_the_client_assembles_them(client,
+                                                                                   plan):
+    """Temperature 0: the fragments joined are the non-streamed call's arguments; the
+    openai client's stream helper assembles the deltas into the same call; nothing of the
+    markup reaches the content."""
+    kw = dict(model=plan.model.id, messages=MSGS, tools=TOOLS, max_tokens=120, temperature=0,
+              tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              parallel_tool_calls=False)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    with client.chat.completions.stream(**kw) as s:
+        pieces = [e for e in s if e.type == "tool_calls.function.arguments.delta"]
+        final = s.get_final_completion().choices[0]
+    assert len(pieces) > 3  # incremental, not one delta per call
+    assert final.finish_reason == "tool_calls" and not final.message.content
+    streamed = final.message.tool_calls
+    assert [(c.function.name, c.function.arguments) for c in streamed] == \
+        [(c.function.name, c.function.arguments) for c in whole]
+    _check_calls(streamed)
+
+
+def test_tool_choice_none_keeps_the_tools_and_makes_no_call(client, plan):
+    r = client.chat.completions.create(model=plan.model.id, messages=MSGS, tools=TOOLS,
+                                       tool_choice="none", max_tokens=30, temperature=0)
+    auto = client.chat.completions.create(model=plan.model.id, messages=MSGS, tools=TOOLS,
+                                          max_tokens=1)
+    assert r.usage.prompt_tokens == auto.usage.prompt_tokens  # the tools are in the prompt
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.tool_calls is None
+    assert "<tool_call>" not in r.choices[0].message.content
+
+
+def test_tool_choice_none_masks_the_start_of_a_call(plan):
+    """The grammar a tool_choice none row decodes under, as the engine calls it: the start
+    markup cannot be completed, any other text can, and the row may end."""
+    import mlx.core as mx
+    from mlx_lm.tokenizer_utils import load
+
+    from appliance.api.output import output_spec
+
+    tok = load(EMBEDDED_MODEL)
+    out = output_spec(tok, plan.model.vocab_size, TOOLS, "none", None, None)
+    assert out.template_tools == TOOLS and out.tools is None and out.grammar is not None
+    logits = mx.zeros((1, plan.model.vocab_size))
+    prompt = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+
+    def allowed(proc, text):
+        ids = tok.encode(text, add_special_tokens=False) if text else []
+        return (proc(mx.array(prompt + ids), logits) > -mx.inf).tolist()[0]
+
+    p = out.grammar.make_processor()
+    close = tok.encode(">", add_special_tokens=False)[0]
+    start = allowed(p, "")
+    assert start[tok.encode("<", add_special_tokens=False)[0]] and start[tok.eos_token_id]
+    assert not allowed(p, "Sure. <tool_call")[close]  # "<tool_call>" never completes
+    assert allowed(p, "Sure. <tool_cal")[tok.encode("l", add_special_tokens=False)[0]]
+    assert allowed(p, "if a <b and c> d:")[close]  # other markup is text as usual
 
 
 def test_named_function_and_parallel_calls(client, plan):
@@ -127,8 +193,55 @@ def test_auto_parses_calls_out_of_the_text_as_it_streams():
         calls = [x for x in out if isinstance(x, ToolCall)]
         assert [(c.name, json.loads(c.arguments)) for c in calls] == [
             ("get_weather", {"city": "Nice", "days": 1}), ("add", {"a": 1, "b": 2})]
+        assert all(c.complete for c in calls) and [c.index for c in calls] == [0, 1]
+        starts = [x for x in out if isinstance(x, CallStart)]
+        assert [(s.index, s.id, s.name) for s in starts] == [(c.index, c.id, c.name)
+                                                             for c in calls]
+        for c in calls:  # each call: start, fragments that join to its arguments, the call
+            mine = [x for x in out if getattr(x, "index", None) == c.index
+                    and not isinstance(x, str)]
+            assert isinstance(mine[0], CallStart) and mine[-1] is c
+            assert "".join(x.text for x in mine[1:-1]) == c.arguments
+            if cut < 7:
+                assert len(mine) > 4  # released as it arrived
     one = ToolCallSplitter(type(fmt)(fmt.start, fmt.end, fmt.parser, max_calls=1))
-    assert [type(x) for x in one.feed(text) + one.finish()] == [str, ToolCall]
+    assert [type(x) for x in one.feed(text) + one.finish()] == [str, CallStart, CallArgs,
+                                                                 ToolCall]
+    # cut off inside the arguments (max_tokens): streamed, but not a complete call
+    cut = ToolCallSplitter(fmt)
+    out = cut.feed('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b"') + cut.finish()
+    assert [type(x) for x in out] == [CallStart, CallArgs, ToolCall]
+    assert out[1].text == '{"a": 1, "b"' and not out[2].complete
+    # a call that is not JSON is content, markup included
+    bad = ToolCallSplitter(fmt)
+    assert bad.feed("<tool_call>oops</tool_call> ok") + bad.finish() == \
+        ["<tool_call>oops</tool_call>", " ok"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_parses_a_call_the_model_chose_to_write(client, plan, engine, stream):
+    """tool_choice auto with a response format: the grammar allows JSON content or a call,
+    and the model's choice decides. A bias on "<" makes it choose the call, which is then
+    parsed out of its text by the auto path (streamed: as it is written)."""
+    lt = engine.tokenizer.encode("<", add_special_tokens=False)[0]
+    kw = dict(model=plan.model.id, messages=MSGS, tools=TOOLS, max_tokens=80, temperature=0,
+              parallel_tool_calls=False, response_format={"type": "json_object"},
+              logit_bias={str(lt): 100})
+    if not stream:
+        choice = client.chat.completions.create(**kw).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        _check_calls(choice.message.tool_calls)
+        return
+    deltas, content, finishes = [], "", []
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            deltas += c.delta.tool_calls or []
+            finishes.append(c.finish_reason)
+    assert content == "" and [f for f in finishes if f] == ["tool_calls"]
+    assert deltas[0].function.name in SCHEMAS and len(deltas) > 3
+    jsonschema.validate(json.loads("".join(d.function.arguments for d in deltas)),
+                        SCHEMAS[deltas[0].function.name])
 
 
 def test_auto_with_free_text_is_plain_content(client, plan):
@@ -171,8 +284,12 @@ UNSUPPORTED_CHAT = {"functions": [{"name": "f"}], "function_call": "auto", "n": 
                     "reasoning_effort": "high", "modalities": ["text", "audio"],
                     "audio": {"voice": "alloy", "format": "wav"}, "verbosity": "low",
                     "prediction": {"type": "content", "content": "x"},
-                    "web_search_options": {}, "store": True}
-UNSUPPORTED_COMPLETION = {"best_of": 2, "echo": True, "suffix": "x", "n": 3}
+                    "web_search_options": {}, "store": True, "moderation": {},
+                    "prompt_cache_options": {"mode": "explicit"},
+                    "prompt_cache_retention": "24h", "service_tier": "priority",
+                    "not_an_openai_field": 1}
+UNSUPPORTED_COMPLETION = {"best_of": 2, "echo": True, "suffix": "x", "n": 3,
+                          "metadata": {"a": "b"}}
 
 
 @pytest.mark.parametrize("path,field,value", [
@@ -184,6 +301,63 @@ def test_unsupported_openai_fields_are_refused_by_name(server, plan, path, field
     r = httpx.post(f"{server}/v1/{path}", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("message,param", [
+    ({"role": "user", "content": "x", "reasoning_content": "y"}, "messages[0].reasoning_content"),
+    ({"role": "user", "content": "x", "audio": {"id": "a"}}, "messages[0].audio"),
+    ({"role": "assistant", "content": "", "refusal": "no"}, "messages[0].refusal")])
+def test_unknown_and_unsupported_message_fields_are_refused_by_name(server, plan, message,
+                                                                      param):
+    r = httpx.post(f"{server}/v1/chat/completions",
+                   json={"model": plan.model.id, "max_tokens": 2, "messages": [message]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_what_an_assistant_message_carries_back_is_accepted(client, plan):
+    """An agent sends the API's own assistant message back in its history."""
+    first = client.chat.completions.create(model=plan.model.id, messages=MSGS, max_tokens=3)
+    back = first.choices[0].message.model_dump(exclude_none=False)
+    again = client.chat.completions.create(
+        model=plan.model.id, max_tokens=2, user="agent-1", metadata={"run": "1"},
+        service_tier="auto", store=False, prompt_cache_key="k", safety_identifier="s",
+        modalities=["text"], messages=[*MSGS, back, {"role": "user", "content": "more"}])
+    assert again.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_forcing_a_call_is_refused_by_name_where_calls_are_not_json(tmp_path):
+    """The embedded model with mlx-lm's qwen3_coder tool parser (XML-like parameters): its
+    calls cannot be forced by the JSON grammar, so required and a named function are a 400
+    that says why, through both APIs; auto and none still serve."""
+    import anthropic
+    from conftest import app_for
+    from openai import OpenAI
+
+
+    for f in EMBEDDED_MODEL.iterdir():
+        if f.name != "tokenizer_config.json":
+            (tmp_path / f.name).symlink_to(f)
+    cfg = json.loads((EMBEDDED_MODEL / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({**cfg, "tool_parser_type": "qwen3_coder"}))
+    with app_for(["model=local", f"model.path={tmp_path}"]) as (plan, _, url):
+        c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+            with pytest.raises(openai.BadRequestError) as e:
+                c.chat.completions.create(model=plan.model.id, messages=MSGS, tools=TOOLS,
+                                          tool_choice=choice, max_tokens=5)
+            assert e.value.param == "tool_choice" and "'qwen3_coder'" in e.value.message
+        claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError) as e:
+            claude.messages.create(model=plan.model.id, max_tokens=5, messages=MSGS,
+                                   tools=[{"name": "add", "input_schema": ADD}],
+                                   tool_choice={"type": "any"})
+        assert "qwen3_coder" in e.value.body["error"]["message"]
+        for choice in ("auto", "none"):
+            r = c.chat.completions.create(model=plan.model.id, messages=MSGS, tools=TOOLS,
+                                          tool_choice=choice, max_tokens=5)
+            assert r.choices[0].finish_reason in ("stop", "length")
 
 
 @pytest.mark.parametrize("body,param", [

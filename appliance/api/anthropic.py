@@ -14,7 +14,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, post
@@ -22,6 +22,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.params import JSONBody
 from litestar.response import Stream
+from msgspec import Meta
 
 from appliance.api import metrics
 from appliance.api.errors import (
@@ -40,14 +41,15 @@ from appliance.api.requests import (
     _stops,
     prepare_conversation,
 )
+from appliance.api.schemas import Refused, no_effect
 from appliance.api.textgen import Done, Piece, generate
-from appliance.api.tools import ToolCall
+from appliance.api.toolstream import CallArgs, CallStart, ToolCall
 from appliance.engine import SamplingParams
 
 log = logging.getLogger("appliance.api")
 
 
-class MessagesRequest(msgspec.Struct, kw_only=True):
+class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     max_tokens: int
     messages: list[dict[str, Any]]
@@ -59,20 +61,24 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     top_k: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None  # format: a JSON schema, enforced
-    cache_control: dict[str, Any] | None = None  # prefix caching is automatic here
-    metadata: dict[str, Any] | None = None  # user_id: labels metrics
-    service_tier: str | None = None  # one tier here
-    user_profile_id: str | None = None  # attribution only
-    workspace_id: str | None = None
-    speed: str | None = None  # "standard" only
+    output_config: Annotated[dict[str, Any], Meta(
+        description="format: a JSON schema, enforced by constrained decoding")] | None = None
+    cache_control: Annotated[dict[str, Any], no_effect("prefix caching is automatic")
+                             ] | None = None
+    metadata: Annotated[dict[str, Any], Meta(description="user_id: the `agent` label of "
+                                                         "the metrics")] | None = None
+    service_tier: Annotated[str, no_effect("one tier; 'auto' or 'standard_only'")
+                            ] | None = None
+    user_profile_id: Annotated[str, no_effect("attribution only")] | None = None
+    workspace_id: Annotated[str, no_effect("attribution only")] | None = None
+    speed: Annotated[str, Meta(description="'standard' only")] | None = None
     # Known, not supported: refused when set.
-    thinking: Any = None
-    container: Any = None
-    mcp_servers: Any = None
-    context_management: Any = None
-    diagnostics: Any = None
-    inference_geo: Any = None
+    thinking: Refused = None
+    container: Refused = None
+    mcp_servers: Refused = None
+    context_management: Refused = None
+    diagnostics: Refused = None
+    inference_geo: Refused = None
 
 
 REFUSED = {"thinking": "extended thinking is not supported",
@@ -218,6 +224,9 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer) -> Prepared:
             raise invalid(name, why)
     if not body.messages:
         raise invalid("messages", "must contain at least one message")
+    if body.service_tier not in (None, "auto", "standard_only"):
+        raise invalid("service_tier", f"{body.service_tier!r}: this server has one tier "
+                                      "('auto' or 'standard_only')")
     if body.speed not in (None, "standard"):
         raise invalid("speed", f"{body.speed!r}: only 'standard' is supported")
     oc = body.output_config or {}
@@ -266,7 +275,12 @@ def _usage(done: Done) -> dict:
 
 
 def _tool_use(c: ToolCall) -> dict:
-    return {"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)}
+    try:
+        args = json.loads(c.arguments)
+    except ValueError:  # cut off by max_tokens (stop_reason says so), or malformed
+        args = None
+    return {"type": "tool_use", "id": c.id, "name": c.name,
+            "input": args if isinstance(args, dict) else {}}
 
 
 def _event(kind: str, data: dict) -> bytes:
@@ -289,7 +303,7 @@ async def messages(request: Request, state: State,
         content, text = [], "".join(p.text for p in items if isinstance(p, Piece))
         if text:
             content.append({"type": "text", "text": text})
-        content += [_tool_use(c) for c in items if isinstance(c, ToolCall)]
+        content += [_tool_use(c) for c in items if isinstance(c, ToolCall) and c.complete]
         reason, seq = _stop_reason(done, user_stops)
         return Response({**head, "content": content, "stop_reason": reason,
                          "stop_sequence": seq, "usage": _usage(done)})
@@ -314,14 +328,16 @@ async def messages(request: Request, state: State,
                         open_text = True
                     yield _event("content_block_delta", {
                         "index": index, "delta": {"type": "text_delta", "text": item.text}})
-                elif isinstance(item, ToolCall):
+                elif isinstance(item, CallStart):
                     if open_text:
                         yield _event("content_block_stop", {"index": index})
                         index, open_text = index + 1, False
                     yield _event("content_block_start", {"index": index, "content_block": {
                         "type": "tool_use", "id": item.id, "name": item.name, "input": {}}})
+                elif isinstance(item, CallArgs) and item.text:
                     yield _event("content_block_delta", {"index": index, "delta": {
-                        "type": "input_json_delta", "partial_json": item.arguments}})
+                        "type": "input_json_delta", "partial_json": item.text}})
+                elif isinstance(item, ToolCall):
                     yield _event("content_block_stop", {"index": index})
                     index += 1
                 item = await gen.__anext__()
@@ -342,21 +358,27 @@ async def messages(request: Request, state: State,
     return Stream(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-class CountTokensRequest(msgspec.Struct, kw_only=True):
+class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The fields of /v1/messages that shape the prompt (and those that change nothing)."""
+
     model: str
     messages: list[dict[str, Any]]
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    thinking: Any = None
+    output_config: dict[str, Any] | None = None
+    cache_control: Annotated[dict[str, Any], no_effect("prefix caching is automatic")
+                             ] | None = None
+    speed: Annotated[str, Meta(description="'standard' only")] | None = None
+    user_profile_id: Annotated[str, no_effect("attribution only")] | None = None
+    workspace_id: Annotated[str, no_effect("attribution only")] | None = None
+    thinking: Refused = None
 
 
 @post("/v1/messages/count_tokens", status_code=200, exception_handlers=HANDLERS)
 async def count_tokens(state: State, data: JSONBody[CountTokensRequest]) -> dict:
     """The prompt's tokens as /v1/messages would count them."""
-    body = MessagesRequest(model=data.model, max_tokens=1, messages=data.messages,
-                           system=data.system, tools=data.tools, tool_choice=data.tool_choice,
-                           thinking=data.thinking)
+    body = MessagesRequest(max_tokens=1, **{f: getattr(data, f) for f in data.__struct_fields__})
     prep = await asyncio.to_thread(prepare_messages, body, state.plan, state.tokenizer)
     return {"input_tokens": len(prep.engine_request.prompt)}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
@@ -61,17 +62,24 @@ def handle_validation(_: Request, exc: ValidationException) -> Response:
     message = detail.get("message") or exc.detail
     if param == "data":  # the body as a whole: name the field it lacks, not Litestar's "data"
         param, message = body_problem(message)
+    elif m := UNKNOWN.search(message):  # a field of an object in the body
+        param, message = f"{param}.{m.group(1)}" if param else m.group(1), NOT_A_FIELD
     text = f"{param}: {message}" if param else f"invalid request body: {message}"
     return _respond(APIError(400, text, param=param, code="invalid_value"))
 
 
+UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+NOT_A_FIELD = ("is not a field this server knows; it is refused rather than ignored "
+               "(the OpenAPI schema at /schema lists every field)")
+
+
 def body_problem(message: str) -> tuple[str | None, str]:
     """(param, message) for a problem with the body as a whole: the required field it
-    lacks, or no param where there is no JSON object at all."""
-    import re
-
+    lacks, a field it should not have, or no param where there is no JSON object at all."""
     if m := re.search(r"missing required field `([^`]+)`", message):
         return m.group(1), "is required"
+    if m := UNKNOWN.search(message):
+        return m.group(1), NOT_A_FIELD
     if message.strip("'\"") == "data":  # Litestar found no body at all
         return None, "the request body is missing or empty; send a JSON object"
     return None, message

@@ -2,7 +2,8 @@
 
 Litestar documents a handler returning `Response | Stream` as an empty 200, a 400 as its own
 `{status_code, detail}`, and drops some of msgspec's ranges. Here, once per app:
-- request and response bodies are msgspec's own JSON schemas (every range it enforces);
+- request and response bodies are msgspec's own JSON schemas (every range it enforces, and
+  `additionalProperties: false`: a field not listed is refused with a 400 naming it);
 - every operation lists each status it can answer, with OpenAI's `{error}` body (Anthropic's
   `{type: "error", error}` under /v1/messages);
 - an operation whose body has a `stream` field also answers `text/event-stream`;
@@ -20,9 +21,18 @@ from appliance.plan import ExecutionPlan
 from appliance.plan.plan import is_loopback
 
 REF = "#/components/schemas/{name}"
-_BODIES = (schemas.ChatCompletionRequest, schemas.CompletionRequest, schemas.ChatCompletion,
-           schemas.Completion, schemas.ErrorResponse, schemas.AnthropicError, schemas.ModelList,
-           schemas.Health)
+
+def _bodies() -> tuple:
+    """Every request body (each refuses fields it does not declare: the schema lists every
+    field a request may carry) and the documented response bodies."""
+    from appliance.api.anthropic import CountTokensRequest, MessagesRequest
+    from appliance.api.responses import ResponsesRequest
+
+    return (schemas.ChatCompletionRequest, schemas.CompletionRequest, ResponsesRequest,
+            MessagesRequest, CountTokensRequest, schemas.ChatCompletion, schemas.Completion,
+            schemas.ErrorResponse, schemas.AnthropicError, schemas.ModelList, schemas.Health)
+
+
 ANTHROPIC = "/v1/messages"  # paths under it answer errors in Anthropic's shape
 SUCCESS = {  # path -> the 200 body's component
     "/v1/chat/completions": "ChatCompletion",
@@ -76,7 +86,7 @@ def _streams(op, components: dict) -> bool:
 def document(app: Litestar, plan: ExecutionPlan) -> None:
     """Rewrite `app`'s OpenAPI schema in place (before it is first served)."""
     openapi = app.openapi_schema
-    _, bodies = msgspec.json.schema_components(_BODIES, ref_template=REF)
+    _, bodies = msgspec.json.schema_components(_bodies(), ref_template=REF)
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         top_k = bodies[name]["properties"]["top_k"]["anyOf"][0]
         top_k["maximum"] = plan.model.vocab_size - 1

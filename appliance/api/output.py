@@ -2,8 +2,10 @@
 
 One place turns `tools` / `tool_choice` / `parallel_tool_calls` / `response_format` (OpenAI
 terms; the Anthropic and Responses endpoints translate to them) into:
-- the tools the chat template renders (none for tool_choice "none");
+- the tools the chat template renders (all of them, whatever tool_choice says, as OpenAI
+  and Anthropic keep them in the prompt);
 - the `ToolFormat` that parses calls out of the text (tool_choice "auto");
+- for tool_choice "none", a grammar that keeps the text from starting a call;
 - the grammar a constrained row decodes under: the response's JSON schema, a forced call
   (tool_choice "required" or a named function), or either of the two (JSON content or a
   call, for "auto" with a response format).
@@ -66,9 +68,13 @@ def output_spec(tokenizer, n_vocab: int, tools, tool_choice, parallel: bool | No
     if fmt is not None and (mode == "required" or schema is not None):
         rules.append(tl.calls_lark(fmt, offered, fmt.max_calls))
         start.append("calls")
+    lark = "\n".join([f"start: {' | '.join(start)}", *rules]) if start else None
+    if lark is None and mode == "none" and tools and getattr(tokenizer, "has_tool_calling",
+                                                             False):
+        # the tools stay in the prompt; the text may not start a call
+        lark = tl.no_calls_lark(tl.tool_format(tokenizer, tools_param))
     grammar = None
-    if start:
-        lark = "\n".join([f"start: {' | '.join(start)}", *rules])
+    if lark is not None:
         try:
             grammar = compile_grammar(tokenizer, n_vocab, lark, schema_param,
                                       f"{mode} tools, schema={schema is not None}")
@@ -76,7 +82,7 @@ def output_spec(tokenizer, n_vocab: int, tools, tool_choice, parallel: bool | No
             _blame(tokenizer, n_vocab, schema, schema_param, tools, offered if fmt else [],
                    tools_param)
             raise
-    return OutputSpec(tools if mode != "none" else None, fmt, grammar)
+    return OutputSpec(tools or None, fmt, grammar)
 
 
 def _blame(tokenizer, n_vocab, schema, schema_param, tools, offered, tools_param) -> None:

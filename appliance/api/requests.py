@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-import msgspec
-
 from appliance.api.errors import APIError, invalid
 from appliance.api.output import output_spec, response_schema
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -142,6 +140,9 @@ def _refuse_if_surely_too_long(tokenizer, texts, plan: ExecutionPlan, param: str
 def _message_dict(i: int, m) -> dict:
     if m.role not in ROLES:
         raise invalid(f"messages[{i}].role", f"{m.role!r} is not one of {', '.join(ROLES)}")
+    for name in ("refusal", "audio", "function_call"):
+        if getattr(m, name) is not None:
+            raise invalid(f"messages[{i}].{name}", "is not supported in messages")
     content = m.content
     if isinstance(content, list):  # text parts only, joined (as mlx-lm's server does)
         if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in content):
@@ -156,22 +157,6 @@ def _message_dict(i: int, m) -> dict:
     return d
 
 
-class _ChatExtras(msgspec.Struct):
-    """Chat fields read from the raw body next to `ChatCompletionRequest`: the one we honor
-    beyond it, and the OpenAI fields we do not support (refused when set, never ignored)."""
-
-    parallel_tool_calls: bool | None = None
-    functions: Any = None
-    function_call: Any = None
-    reasoning_effort: Any = None
-    modalities: Any = None
-    audio: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    verbosity: Any = None
-    store: Any = None
-
-
 UNSUPPORTED = {
     "functions": "use tools (the legacy functions field is not supported)",
     "function_call": "use tool_choice (the legacy function_call field is not supported)",
@@ -180,29 +165,28 @@ UNSUPPORTED = {
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
     "verbosity": "is not supported",
+    "moderation": "no moderation runs here",
+    "prompt_cache_options": "prefix caching is automatic: no breakpoints or TTLs",
+    "prompt_cache_retention": "prefix caching is automatic: no retention policy",
 }
 
 
-def chat_extras(raw: bytes | None) -> _ChatExtras:
-    if not raw:
-        return _ChatExtras()
-    try:
-        extras = msgspec.json.decode(raw, type=_ChatExtras)
-    except msgspec.ValidationError as e:  # e.g. parallel_tool_calls: "yes"
-        path = str(e).rsplit("at `$.", 1)
-        param = path[1].rstrip("`") if len(path) == 2 else None
-        raise APIError(400, f"invalid request body: {e}", param=param,
-                       code="invalid_value") from e
-    except msgspec.DecodeError:
-        return _ChatExtras()  # the body already parsed as the request: not ours to judge
-    for name, why in UNSUPPORTED.items():
-        if getattr(extras, name) is not None:
+def refuse_unsupported(body, unsupported: dict[str, str]) -> None:
+    """A 400 naming the first known-but-unsupported field the request sets."""
+    for name, why in unsupported.items():
+        if getattr(body, name, None) is not None:
             raise invalid(name, why)
-    if extras.modalities not in (None, ["text"]):
+
+
+def _chat_fields(body: ChatCompletionRequest) -> None:
+    refuse_unsupported(body, UNSUPPORTED)
+    if body.modalities is not None and body.modalities != ["text"]:
         raise invalid("modalities", "only ['text'] is supported")
-    if extras.store:
+    if body.store:
         raise invalid("store", "this server stores no completions")
-    return extras
+    if body.service_tier not in (None, "auto", "default"):
+        raise invalid("service_tier", f"{body.service_tier!r}: this server has one tier "
+                                      "('auto' or 'default')")
 
 
 @dataclass(frozen=True)
@@ -221,11 +205,9 @@ class Conversation:
     schema_param: str = "response_format.json_schema.schema"
 
 
-def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer,
-                 raw: bytes | None = None) -> Prepared:
-    """`raw`: the request body as sent, for the fields outside ChatCompletionRequest."""
+def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
     _check_model(body, plan)
-    extras = chat_extras(raw)
+    _chat_fields(body)
     if not body.messages:
         raise invalid("messages", "must contain at least one message")
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
@@ -236,7 +218,7 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer,
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs", "requires logprobs=true")
     k = _logprobs("top_logprobs", body.top_logprobs or 0) if body.logprobs else None
-    conv = Conversation(messages, body.tools, body.tool_choice, extras.parallel_tool_calls,
+    conv = Conversation(messages, body.tools, body.tool_choice, body.parallel_tool_calls,
                         response_schema(body.response_format), mt)
     return prepare_conversation(conv, _sampling(body, plan, plan.model.vocab_size),
                                 _stops(body.stop), plan, tokenizer, logprobs=k,
@@ -324,19 +306,10 @@ def _splitting_tokens(tokenizer) -> tuple[str, ...]:
                  if t.special and not (t.lstrip or t.single_word or t.normalized))
 
 
-class _CompletionExtras(msgspec.Struct):
-    best_of: Any = None
-
-
-def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer,
-                       raw: bytes | None = None) -> Prepared:
+def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
     _check_model(body, plan)
-    try:
-        extras = msgspec.json.decode(raw, type=_CompletionExtras) if raw else None
-    except msgspec.DecodeError:  # a ValidationError too: best_of is Any
-        extras = None
-    if extras is not None and extras.best_of not in (None, 1):
-        raise invalid("best_of", f"{extras.best_of}: only best_of=1 is supported")
+    if body.best_of not in (None, 1):
+        raise invalid("best_of", f"{body.best_of}: only best_of=1 is supported")
     if body.echo or body.suffix:
         raise invalid("echo" if body.echo else "suffix", "is not supported")
     sampling = _sampling(body, plan, plan.model.vocab_size)

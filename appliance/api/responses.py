@@ -8,13 +8,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from litestar.response import Stream
+from msgspec import Meta
 
 from appliance.api import metrics
 from appliance.api.errors import APIError, generation_failed, invalid
@@ -25,12 +26,13 @@ from appliance.api.requests import (
     _range,
     prepare_conversation,
 )
+from appliance.api.schemas import Refused, no_effect
 from appliance.api.textgen import Done, Piece, generate
-from appliance.api.tools import ToolCall
+from appliance.api.toolstream import CallArgs, CallStart, ToolCall
 from appliance.engine import SamplingParams
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True):
+class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -42,28 +44,47 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     stream: bool = False
-    metadata: dict[str, Any] | None = None
-    user: str | None = None
-    store: bool | None = None
-    truncation: str | None = None
+    stream_options: Annotated[dict[str, Any], no_effect("events are not obfuscated")
+                              ] | None = None
+    metadata: Annotated[dict[str, Any], no_effect("echoed in the response")] | None = None
+    user: Annotated[str, Meta(description="The `agent` label of the metrics")] | None = None
+    store: Annotated[bool, Meta(description="false only: nothing is stored")] | None = None
+    truncation: Annotated[str, Meta(description="'disabled' only")] | None = None
+    service_tier: Annotated[str, no_effect("one tier; 'auto' or 'default' only")] | None = None
+    prompt_cache_key: Annotated[str, no_effect("prefix caching is automatic")] | None = None
+    safety_identifier: Annotated[str, no_effect("no moderation runs here")] | None = None
     # Known, not supported: refused when set.
-    previous_response_id: Any = None
-    reasoning: Any = None
-    include: Any = None
-    background: Any = None
-    prompt: Any = None
-    conversation: Any = None
-    top_logprobs: Any = None
-    max_tool_calls: Any = None
+    previous_response_id: Refused = None
+    reasoning: Refused = None
+    include: Refused = None
+    background: Refused = None
+    background_options: Refused = None
+    prompt: Refused = None
+    conversation: Refused = None
+    top_logprobs: Refused = None
+    max_tool_calls: Refused = None
+    context_management: Refused = None
+    access_programs: Refused = None
+    image: Refused = None
+    moderation: Refused = None
+    prompt_cache_options: Refused = None
+    prompt_cache_retention: Refused = None
 
 
 REFUSED = {"previous_response_id": "this server stores no responses; send the conversation",
            "conversation": "this server stores no conversations; send the conversation",
            "reasoning": "reasoning settings are not supported",
            "background": "background responses are not supported",
+           "background_options": "background responses are not supported",
            "prompt": "stored prompts are not supported",
            "top_logprobs": "is not supported on /v1/responses (use /v1/chat/completions)",
-           "max_tool_calls": "is not supported"}
+           "max_tool_calls": "is not supported",
+           "context_management": "context management is not supported",
+           "access_programs": "is not supported",
+           "image": "image options are not supported",
+           "moderation": "no moderation runs here",
+           "prompt_cache_options": "prefix caching is automatic: no breakpoints or TTLs",
+           "prompt_cache_retention": "prefix caching is automatic: no retention policy"}
 
 
 def _content_text(content, param: str) -> str:
@@ -159,6 +180,9 @@ def prepare_response(body: ResponsesRequest, plan, tokenizer) -> Prepared:
         raise invalid("store", "this server stores no responses")
     if body.truncation not in (None, "disabled"):
         raise invalid("truncation", "only 'disabled' is supported")
+    if body.service_tier not in (None, "auto", "default"):
+        raise invalid("service_tier", f"{body.service_tier!r}: this server has one tier "
+                                      "('auto' or 'default')")
     if not body.input:
         raise invalid("input", "must not be empty")
     _range("temperature", body.temperature, 0, 2)
@@ -205,15 +229,17 @@ class _Builder:
         return r
 
     def message(self, text: str, status: str) -> dict:
+        """`status` in_progress (no content yet), completed, or incomplete (cut off at
+        max_output_tokens: OpenAI marks the message so)."""
         return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]
-                if status == "completed" else []}
+                if status != "in_progress" else []}
 
     @staticmethod
     def call(c: ToolCall, status: str) -> dict:
         return {"type": "function_call", "id": f"fc_{c.id.removeprefix('call_')}",
                 "call_id": c.id, "name": c.name,
-                "arguments": c.arguments if status == "completed" else "", "status": status}
+                "arguments": c.arguments if status != "in_progress" else "", "status": status}
 
 
 @post("/v1/responses", status_code=200)
@@ -227,10 +253,11 @@ async def responses(request: Request, state: State,
     if not data.stream:
         items, done = await _complete(request, state, prep)
         text = "".join(p.text for p in items if isinstance(p, Piece))
-        if text or not any(isinstance(c, ToolCall) for c in items):
-            out.output.append(out.message(text, "completed"))
-        out.output += [out.call(c, "completed") for c in items if isinstance(c, ToolCall)]
         status = "incomplete" if done.finish_reason == "length" else "completed"
+        calls = [c for c in items if isinstance(c, ToolCall) and c.complete]
+        if text or not calls:
+            out.output.append(out.message(text, status))
+        out.output += [out.call(c, "completed") for c in calls]
         return Response(out.response(status, done))
 
     gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
@@ -247,7 +274,7 @@ async def responses(request: Request, state: State,
 
         yield ev("response.created", response=out.response("in_progress"))
         yield ev("response.in_progress", response=out.response("in_progress"))
-        text, text_index, item = None, None, first
+        text, text_index, call_index, item = None, None, None, first
         try:
             while not isinstance(item, Done):
                 if isinstance(item, Piece) and item.text:
@@ -263,27 +290,35 @@ async def responses(request: Request, state: State,
                     yield ev("response.output_text.delta", item_id=out.msg_id,
                              output_index=text_index, content_index=0, delta=item.text,
                              logprobs=[])
-                elif isinstance(item, ToolCall):
-                    for b in _close_text(ev, out, text, text_index):
+                elif isinstance(item, CallStart):
+                    for b in _close_text(ev, out, text, text_index, "completed"):
                         yield b
-                    text = None
-                    i = len(out.output)
-                    out.output.append(out.call(item, "in_progress"))
-                    fc = out.output[i]
-                    yield ev("response.output_item.added", output_index=i, item=fc)
-                    yield ev("response.function_call_arguments.delta", item_id=fc["id"],
-                             output_index=i, delta=item.arguments)
+                    text, call_index = None, len(out.output)
+                    out.output.append(out.call(ToolCall(item.id, item.name, ""), "in_progress"))
+                    yield ev("response.output_item.added", output_index=call_index,
+                             item=out.output[call_index])
+                elif isinstance(item, CallArgs) and item.text:
+                    yield ev("response.function_call_arguments.delta",
+                             item_id=out.output[call_index]["id"], output_index=call_index,
+                             delta=item.text)
+                elif isinstance(item, ToolCall):
+                    fc = out.output[call_index]
                     yield ev("response.function_call_arguments.done", item_id=fc["id"],
-                             output_index=i, arguments=item.arguments, name=item.name)
-                    out.output[i] = out.call(item, "completed")
-                    yield ev("response.output_item.done", output_index=i, item=out.output[i])
+                             output_index=call_index, arguments=item.arguments, name=item.name)
+                    out.output[call_index] = out.call(item, "completed" if item.complete
+                                                      else "incomplete")
+                    yield ev("response.output_item.done", output_index=call_index,
+                             item=out.output[call_index])
                 item = await gen.__anext__()
-            for b in _close_text(ev, out, text, text_index):
+            cut = item.finish_reason == "length"
+            for b in _close_text(ev, out, text, text_index,
+                                 "incomplete" if cut else "completed"):
                 yield b
             if item.error:
                 yield ev("error", code="generation_error", message=item.error, param=None)
                 return
-            kind = "incomplete" if item.finish_reason == "length" else "completed"
+            # at max_output_tokens OpenAI ends with response.incomplete (not .completed)
+            kind = "incomplete" if cut else "completed"
             yield ev(f"response.{kind}", response=out.response(kind, item))
         finally:
             await gen.aclose()
@@ -291,7 +326,7 @@ async def responses(request: Request, state: State,
     return Stream(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _close_text(ev, out: _Builder, text: str | None, index: int | None):
+def _close_text(ev, out: _Builder, text: str | None, index: int | None, status: str):
     if text is None:
         return
     part = {"type": "output_text", "text": text, "annotations": []}
@@ -299,7 +334,7 @@ def _close_text(ev, out: _Builder, text: str | None, index: int | None):
              content_index=0, text=text, logprobs=[])
     yield ev("response.content_part.done", item_id=out.msg_id, output_index=index,
              content_index=0, part=part)
-    out.output[index] = out.message(text, "completed")
+    out.output[index] = out.message(text, status)
     yield ev("response.output_item.done", output_index=index, item=out.output[index])
 
 

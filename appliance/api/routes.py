@@ -96,7 +96,8 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
                     if prep.include_usage:
                         yield wire.sse({**env, "choices": [], "usage": wire.usage(item)})
                     break
-                yield wire.sse({**env, "choices": [fmt.chunk(item, None)]})
+                if (c := fmt.chunk(item, None)) is not None:
+                    yield wire.sse({**env, "choices": [c]})
                 item = await gen.__anext__()
         finally:
             await gen.aclose()  # client gone: cancels the engine request
@@ -110,8 +111,7 @@ async def chat_completions(request: Request, state: State,
                            data: JSONBody[ChatCompletionRequest]) -> Response | Stream:
     metrics.tag_agent(request, data.user)
     # templates and tokenization run off the event loop: /health never waits behind them
-    prep = await asyncio.to_thread(prepare_chat, data, state.plan, state.tokenizer,
-                                   await request.body())
+    prep = await asyncio.to_thread(prepare_chat, data, state.plan, state.tokenizer)
     fmt = wire.Chat(state.tokenizer, prep.engine_request.logprobs is not None)
     return await _respond(request, state, prep, fmt, data.stream)
 
@@ -120,8 +120,7 @@ async def chat_completions(request: Request, state: State,
 async def completions(request: Request, state: State,
                       data: JSONBody[CompletionRequest]) -> Response | Stream:
     metrics.tag_agent(request, data.user)
-    prep = await asyncio.to_thread(prepare_completion, data, state.plan, state.tokenizer,
-                                   await request.body())
+    prep = await asyncio.to_thread(prepare_completion, data, state.plan, state.tokenizer)
     fmt = wire.Completion(state.tokenizer, prep.engine_request.logprobs is not None)
     return await _respond(request, state, prep, fmt, data.stream)
 

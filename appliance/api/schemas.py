@@ -1,12 +1,14 @@
 """Request and response bodies of the OpenAI-compatible endpoints (msgspec: fast, and the
 source of the OpenAPI schema, `appliance.api.openapi`).
 
-Unknown fields are accepted and ignored, as OpenAI clients send many; fields
-that would change the output but are not implemented are refused in
-`appliance.api.requests`, never silently dropped. Value ranges are msgspec
-constraints, so what the schema states is what is enforced; ranges msgspec cannot
-express (a 64-bit seed, the vocabulary's top_k) are stated with `extra_json_schema`
-and enforced in `appliance.api.requests`.
+Nothing is silently dropped: a field outside these structs is refused with a 400 naming
+it (`forbid_unknown_fields`), so every field a request may carry is in the OpenAPI schema.
+Known OpenAI fields this server does not implement are declared as `Refused` (documented
+as such) and refused by name in `appliance.api.requests` when set; fields that change
+nothing here (`user`, `metadata`, `prompt_cache_key`, ...) say why in their description.
+Value ranges are msgspec constraints, so what the schema states is what is enforced;
+ranges msgspec cannot express (a 64-bit seed, the vocabulary's top_k) are stated with
+`extra_json_schema` and enforced in `appliance.api.requests`.
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ MAX_LOGPROBS = 20
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
+# A known field this server does not implement: refused with a 400 naming it when set.
+Refused = Annotated[Any, Meta(description="Not supported: a request that sets it is refused "
+                                          "with a 400 naming the field")]
+
+
+def no_effect(why: str) -> Meta:
+    return Meta(description=f"Accepted; it changes nothing here: {why}")
 NonEmpty = Annotated[str, Meta(extra_json_schema={"minLength": 1})]  # checked in requests.py
 
 
-class _Sampling(msgspec.Struct, kw_only=True):
+class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
@@ -40,25 +49,53 @@ class _Sampling(msgspec.Struct, kw_only=True):
     frequency_penalty: Penalty | None = None
     repetition_penalty: Annotated[float, Meta(gt=0, le=10)] | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
-    user: str | None = None  # also the `agent` label of the metrics (GET /metrics)
+    user: Annotated[str, Meta(description="The `agent` label of the metrics (GET /metrics)")
+                    ] | None = None
 
 
-class ChatMessage(msgspec.Struct, kw_only=True):
+class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: Annotated[str, Meta(extra_json_schema={"enum": list(ROLES)})]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # What an assistant message returned by the API carries, when it is sent back:
+    annotations: Annotated[list[Any], no_effect("output metadata")] | None = None
+    refusal: Refused = None
+    audio: Refused = None
+    function_call: Refused = None
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: Annotated[Any, Meta(description=(
+        "'none' (tools stay in the prompt, no call is made), 'auto', 'required' or "
+        "{type: function, function: {name}}; the last two are enforced by constrained "
+        "decoding (models that write calls as JSON)"))] = None
+    parallel_tool_calls: Annotated[bool, Meta(description="false: at most one call")
+                                   ] | None = None
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None  # needs logprobs
+    store: Annotated[bool, Meta(description="false only: nothing is stored")] | None = None
+    metadata: Annotated[dict[str, Any], no_effect("nothing is stored")] | None = None
+    service_tier: Annotated[str, no_effect("one tier; 'auto' or 'default' only")] | None = None
+    modalities: Annotated[list[str], Meta(description="['text'] only")] | None = None
+    prompt_cache_key: Annotated[str, no_effect("prefix caching is automatic")] | None = None
+    safety_identifier: Annotated[str, no_effect("no moderation runs here")] | None = None
+    # Known, not supported (refused by name when set):
+    functions: Refused = None
+    function_call: Refused = None
+    reasoning_effort: Refused = None
+    audio: Refused = None
+    prediction: Refused = None
+    web_search_options: Refused = None
+    verbosity: Refused = None
+    moderation: Refused = None
+    prompt_cache_options: Refused = None
+    prompt_cache_retention: Refused = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -68,6 +105,8 @@ class CompletionRequest(_Sampling, kw_only=True):
     suffix: str | None = None
     # 0..20: the chosen token's log-probability and the top k
     logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    best_of: Annotated[int, Meta(extra_json_schema={"minimum": 1, "maximum": 1},
+                                 description="1 only")] | None = None
 
 
 # -- responses (documentation only: the handlers build plain dicts) ------------------------

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from appliance.api.errors import APIError
-from appliance.api.tools import ToolCall, ToolCallSplitter
+from appliance.api.toolstream import CallArgs, CallStart, ToolCall, ToolCallSplitter
 from appliance.engine import Engine, Finished, FinishReason, GenerationRequest, Rejected, Token
 
 
@@ -98,9 +98,14 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
         handle.cancel()  # client gone or generator closed: stop at the next step
 
 
-def generate(engine: Engine, tokenizer, prep) -> AsyncIterator[Piece | ToolCall | Done]:
-    """A prepared request's output: text pieces, then with tools on, tool calls parsed out
-    of the text (`prep.tools`), and the finish reason `tool_calls` when a call was made."""
+Item = Piece | CallStart | CallArgs | ToolCall | Done
+
+
+def generate(engine: Engine, tokenizer, prep) -> AsyncIterator[Item]:
+    """A prepared request's output: text pieces, then one Done. With tools on
+    (`prep.tools`), tool calls are parsed out of the text as it streams: each call is a
+    CallStart, CallArgs fragments and the complete ToolCall; the finish reason is
+    `tool_calls` when a call was made."""
     gen = generate_text(engine, tokenizer, prep.engine_request, prep.stop)
     return gen if prep.tools is None else _with_tool_calls(gen, ToolCallSplitter(prep.tools))
 

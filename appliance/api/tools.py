@@ -10,22 +10,12 @@ JSON call format (mlx-lm's `json_tools` parser, the Hermes style of the embedded
 from __future__ import annotations
 
 import json
-import logging
-import uuid
 from dataclasses import dataclass, field
 
 from appliance.api.errors import invalid
 from appliance.api.grammar import json_rule, lark_string
 
-log = logging.getLogger("appliance.api")
 NL = "\n"
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # a JSON string, as OpenAI sends it
 
 
 @dataclass(frozen=True)
@@ -86,19 +76,41 @@ def call_schema(tool: dict) -> dict:
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
-def calls_lark(fmt: ToolFormat, tools: list[dict], max_calls: int | None) -> str:
+def parser_name(fmt: ToolFormat) -> str:
+    """mlx-lm's name for the model's tool parser (its module): json_tools, qwen3_coder, ..."""
+    return fmt.parser.__module__.rsplit(".", 1)[-1]
+
+
+def calls_lark(fmt: ToolFormat, tools: list[dict], max_calls: int | None,
+               param: str = "tool_choice") -> str:
     """Lark rules for `calls`: one call (or several, newline-separated) of these tools, each
-    `start {"name": ..., "arguments": {...}} end` with the arguments valid for its function."""
-    if fmt.parser.__module__.rsplit(".", 1)[-1] != "json_tools":
-        raise invalid("tool_choice", "forcing a tool call needs the JSON tool-call format "
-                                     f"(mlx-lm's json_tools parser); this model's is "
-                                     f"{fmt.parser.__module__.rsplit('.', 1)[-1]}")
+    `start {"name": ..., "arguments": {...}} end` with the arguments valid for its function.
+
+    Only the JSON call format (mlx-lm's json_tools parser: Hermes, Qwen 2.5/3) can be written
+    as a grammar here; another model's format (qwen3_coder's XML-like parameters, mistral's,
+    pythonic, ...) is refused with a 400 rather than forced approximately."""
+    if parser_name(fmt) != "json_tools":
+        raise invalid(param, "forcing a tool call (required, or a named function) is only "
+                             "supported for models that write tool calls as JSON (mlx-lm's "
+                             f"json_tools parser, Hermes style); this model's tool-call "
+                             f"format is mlx-lm's {parser_name(fmt)!r}. Use tool_choice "
+                             "'auto' (calls are parsed from the text) or 'none'")
     alts = " | ".join(f"call_{i}" for i in range(len(tools)))
     more = "" if max_calls == 1 else f" ({lark_string(NL)} call)*"
     rules = [f"calls: call{more}",
              f"call: {lark_string(fmt.start + NL)} ({alts}) {lark_string(NL + fmt.end)}"]
     rules += [f"call_{i}: {json_rule(call_schema(t))}" for i, t in enumerate(tools)]
     return "\n".join(rules)
+
+
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
+
+
+def no_calls_lark(fmt: ToolFormat) -> str:
+    """Lark rules for tool_choice "none": any text without the start of a tool call (the
+    tools stay in the prompt, as OpenAI keeps them; the model may not call one)."""
+    marker = "".join("\\" + c if c in _REGEX_META else c for c in fmt.start)
+    return f"start: TEXT\nTEXT: /(?s:.*)/ & ~/(?s:.*){marker}(?s:.*)/"
 
 
 def message_tool_calls(calls, param: str) -> list[dict]:
@@ -121,87 +133,3 @@ def message_tool_calls(calls, param: str) -> list[dict]:
     return out
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-class ToolCallSplitter:
-    """Separates generated text into content and tool calls, as the text streams in.
-
-    Text that may be the beginning of the start markup is held back until it is known not
-    to be; a call is released once its end markup arrives (or at the end of generation).
-    Markup never reaches the content. A complete call the parser rejects (not JSON) is
-    returned as content, markup included, rather than dropped.
-    """
-
-    def __init__(self, fmt: ToolFormat):
-        self.fmt = fmt
-        self.buf, self.in_call, self.calls, self.ws = "", False, 0, ""
-
-    @property
-    def done(self) -> bool:
-        return self.fmt.max_calls is not None and self.calls >= self.fmt.max_calls
-
-    def feed(self, text: str) -> list[str | ToolCall]:
-        out: list[str | ToolCall] = []
-        self.buf += text
-        start, end = self.fmt.start, self.fmt.end
-        while not self.done:
-            if not self.in_call:
-                i = self.buf.find(start)
-                if i < 0:
-                    keep = next((k for k in range(min(len(start) - 1, len(self.buf)), 0, -1)
-                                 if self.buf.endswith(start[:k])), 0)
-                    self._content(out, self.buf[:len(self.buf) - keep])
-                    self.buf = self.buf[len(self.buf) - keep:]
-                    break
-                self._content(out, self.buf[:i])
-                self.buf, self.in_call = self.buf[i + len(start):], True
-            else:
-                j = self.buf.find(end)
-                if j < 0:
-                    break
-                body, self.buf, self.in_call = self.buf[:j], self.buf[j + len(end):], False
-                out.extend(self._parse(body, start + body + end))
-        return out
-
-    def finish(self) -> list[str | ToolCall]:
-        """At the end of generation: what is still held back. A call still open parses if
-        it can (the end markup is optional before end-of-sequence); one cut off mid-way
-        (max_tokens) is dropped, as mlx-lm's server drops it: the finish reason says so."""
-        out: list[str | ToolCall] = []
-        if self.in_call and not self.done:
-            parsed = self._parse(self.buf, "")
-            out.extend(p for p in parsed if p)
-            if not any(parsed):
-                log.warning("dropped a tool call cut off mid-way: %r", self.buf[:200])
-        elif not self.done:
-            self._content(out, self.buf)
-        self.buf, self.in_call = "", False
-        return out
-
-    def _content(self, out: list, text: str) -> None:
-        if not text:
-            return
-        if self.calls and not text.strip():  # whitespace between calls: held, not content
-            self.ws += text
-            return
-        out.append(self.ws + text if self.calls else text)
-        self.ws = ""
-
-    def _parse(self, body: str, raw: str) -> list[str | ToolCall]:
-        try:
-            parsed = self.fmt.parser(body, self.fmt.tools)
-            items = parsed if isinstance(parsed, list) else [parsed]
-            calls = []
-            for p in items:
-                args = p["arguments"]
-                calls.append(ToolCall(p.get("id") or new_call_id(), str(p["name"]),
-                                      args if isinstance(args, str)
-                                      else json.dumps(args, ensure_ascii=False)))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return [raw]
-        if self.fmt.max_calls is not None:
-            calls = calls[:self.fmt.max_calls - self.calls]
-        self.calls += len(calls)
-        return calls

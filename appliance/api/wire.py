@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from appliance.api.textgen import Done, Piece
-from appliance.api.tools import ToolCall
+from appliance.api.toolstream import CallArgs, CallStart, ToolCall
 
 
 def envelope(plan, kind: str, rid: str, created: int) -> dict:
@@ -41,7 +41,6 @@ class Chat:
 
     def __init__(self, tokenizer, want_logprobs: bool):
         self.tok, self.want = tokenizer, want_logprobs
-        self.calls = 0  # tool calls streamed so far (each delta carries its index)
 
     def _entry(self, tid: int, lp: float) -> dict:
         text = self.tok.decode([tid])
@@ -58,17 +57,24 @@ class Chat:
         return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                 "finish_reason": None}
 
-    def chunk(self, piece: Piece | ToolCall | None, finish: str | None) -> dict:
-        if isinstance(piece, ToolCall):
-            self.calls += 1
-            return {"index": 0, "delta": {"tool_calls": [{"index": self.calls - 1,
-                                                          **tool_call(piece)}]},
-                    "logprobs": None, "finish_reason": finish}
+    def chunk(self, piece, finish: str | None) -> dict | None:
+        """The chunk for a text piece, a tool call's start or argument fragment (as OpenAI
+        streams calls), or the finish; None for what adds nothing (a call's end)."""
+        if isinstance(piece, CallStart):
+            call = {"index": piece.index, "id": piece.id, "type": "function",
+                    "function": {"name": piece.name, "arguments": ""}}
+        elif isinstance(piece, CallArgs):
+            call = {"index": piece.index, "function": {"arguments": piece.text}}
+        elif isinstance(piece, ToolCall):
+            return None
+        if isinstance(piece, CallStart | CallArgs):
+            return {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None,
+                    "finish_reason": finish}
         return {"index": 0, "delta": {"content": piece.text} if piece else {},
                 "logprobs": self.logprobs([piece]) if piece else None, "finish_reason": finish}
 
     def choice(self, text: str, pieces: list[Piece | ToolCall], finish: str) -> dict:
-        calls = [tool_call(p) for p in pieces if isinstance(p, ToolCall)]
+        calls = [tool_call(p) for p in pieces if isinstance(p, ToolCall) and p.complete]
         message = {"role": "assistant", "content": text or (None if calls else "")}
         if calls:
             message["tool_calls"] = calls
@@ -93,7 +99,7 @@ class Completion(Chat):
     def first_chunk(self) -> dict | None:
         return None
 
-    def chunk(self, piece: Piece | None, finish: str | None) -> dict:
+    def chunk(self, piece: Piece | None, finish: str | None) -> dict | None:
         return {"index": 0, "text": piece.text if piece else "",
                 "logprobs": self.logprobs([piece]) if piece else None, "finish_reason": finish}
 
