@@ -16,13 +16,23 @@ test *ARGS:
 lint:
     ruff check appliance tests
 
-# measure once (bench=fleet|decode|prefix); results in ./bench/<time>/
+# measure once (bench=fleet|agents|decode|prefix|kv|spec); results in ./bench/<time>/
 bench *ARGS:
     appliance mode=bench {{ARGS}}
 
-# sweep and compare, e.g. just sweep batch.max_rows=1,4,8; results in ./multirun/
+# sweep and compare, e.g. just sweep batch.max_rows=1,4,8; results in ./multirun/<date>/<time>/
+# with sweep.md, sweep.csv and sweep-<knob>.png at that root
 sweep *ARGS:
     appliance -m mode=bench {{ARGS}}
+
+# multi-turn coding agents: this plan, then mlx_lm.server, in one run (ratios)
+bench-agents *ARGS:
+    appliance mode=bench bench=agents {{ARGS}}
+
+# search batch/cache knobs on bench=agents (Optuna), e.g. just tune tune.profile=tuned-m4;
+# writes profiles/<tune.profile>.yaml (docs/tuning.md)
+tune *ARGS:
+    appliance mode=tune {{ARGS}}
 
 # regenerate goldens/<backend>/ from mlx-lm directly (only when the model or versions change)
 goldens:

@@ -4,6 +4,9 @@
     appliance mode=plan [overrides]             print the plan; exit 0, or 2 on PlanError
     appliance -m mode=plan kv=a,b               one plan per sweep cell
     appliance mode=bench [bench=decode]         measure; results in ./bench/<time>/
+    appliance -m mode=bench batch.max_rows=4,8  one bench per cell, then sweep.md/csv/png
+    appliance mode=tune tune.profile=NAME       search batch/cache knobs on bench=agents
+                                                (Optuna); writes profiles/NAME.yaml
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import appliance  # noqa: F401  (BLAS preload before mlx)
 from appliance.config.hydra_setup import conf_dir, group_options, setup
 from appliance.plan import PlanError, resolve
 
-MODES = ("serve", "plan", "bench")
+MODES = ("serve", "plan", "bench", "tune")
 log = logging.getLogger("appliance")
 _exit_code = 0
+_objective: float | None = None  # a mode=tune trial's, returned to the Optuna sweeper
 
 
 def _override_problems(argv: list[str]) -> list[str]:
@@ -50,7 +54,9 @@ def _profiles(task_overrides: list[str]) -> tuple[str, ...]:
 
 
 def run(cfg) -> int:
-    """One Hydra job: resolve the plan, then print it or serve it. Returns an exit code."""
+    """One Hydra job: resolve the plan, then print it, serve it, bench it or tune it.
+    Returns an exit code (a mode=tune trial leaves its objective in `_objective`)."""
+    global _objective
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
@@ -61,13 +67,22 @@ def run(cfg) -> int:
     task = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
     problems = [] if cfg.mode in MODES else [
         f"mode={cfg.mode!r} is not supported; valid choices: {', '.join(MODES)}"]
-    if cfg.mode == "bench":
+    if cfg.mode in ("bench", "tune"):
         from appliance.bench import check
 
         problems += check(cfg.bench)
+    if cfg.mode == "tune":
+        from appliance.bench import tune
+
+        problems += tune.check(cfg, task, trial=hc.mode == RunMode.MULTIRUN)
     try:
         plan = resolve(cfg, profiles=_profiles(task))
     except PlanError as e:
+        if cfg.mode == "tune" and hc.mode == RunMode.MULTIRUN and not problems:
+            # a plan refused at a trial's knobs is a bad point of the search, not its end
+            print(PlanError(e.problems).render(), file=sys.stderr)
+            _objective = tune.FAILED
+            return 0
         problems += e.problems
     if problems:
         print(PlanError(problems).render(), file=sys.stderr)
@@ -85,6 +100,15 @@ def run(cfg) -> int:
 
         bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir), tuple(task))
         return 0
+    if cfg.mode == "tune":
+        from pathlib import Path
+
+        from appliance.bench import tune
+
+        if hc.mode != RunMode.MULTIRUN:
+            return tune.launch(cfg, plan, task)
+        _objective = tune.trial(cfg, plan, Path(hc.runtime.output_dir), task)
+        return 0
     from appliance.serve import serve
 
     return serve(plan)  # 0, or EXIT_ENGINE_FAILED for a supervisor to restart it
@@ -101,14 +125,19 @@ def main() -> None:
     import hydra
 
     @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
-    def _job(cfg) -> None:
-        global _exit_code
+    def _job(cfg) -> float | None:
+        global _exit_code, _objective
+        _objective = None
         _exit_code = max(_exit_code, run(cfg))
+        return _objective  # what Hydra's Optuna sweeper maximizes (mode=tune trials)
 
     try:
         _job()
     except SystemExit as e:  # Hydra exits 1 on a config it cannot compose: a plan error too
         sys.exit(2 if e.code == 1 else e.code)
+    except KeyboardInterrupt:  # Ctrl-C: servers a bench started are stopped by now
+        print("appliance: interrupted", file=sys.stderr)
+        sys.exit(130)
     sys.exit(_exit_code)
 
 

@@ -22,6 +22,7 @@ from appliance.bench.stats import (
 )
 from appliance.config.schema import BenchConfig
 
+CPU = ("model.dtype=float32",)  # what the benched server gets too (bf16 is slow on CPU)
 TINY_FLEET = dict(clients=3, system_tokens=64, user_tokens=16, max_tokens=8, stagger_s=0.05,
                   jitter_s=0.02, warmup=0)
 
@@ -56,11 +57,19 @@ def test_aggregation_on_fixed_requests():
     assert s["admitted_rows"] == 2 and s["prompt_tokens_mean"] == 100
 
 
-def test_fleet_against_self(plan, tmp_path):
+@pytest.fixture(scope="module")
+def cpu_plan():
+    from conftest import resolve_overrides
+
+    return resolve_overrides(list(CPU))
+
+
+def test_fleet_against_self(cpu_plan, tmp_path):
     from appliance.bench import run
 
+    plan = cpu_plan
     cfg = BenchConfig(**TINY_FLEET)
-    doc = run(plan, cfg, tmp_path)
+    doc = run(plan, cfg, tmp_path, CPU)
     on_disk = json.loads((tmp_path / "bench.json").read_text())
     assert on_disk == json.loads(json.dumps(doc))
     label = on_disk["label"]
@@ -87,10 +96,11 @@ def test_fleet_against_self(plan, tmp_path):
     assert 1 <= s["admitted_rows"] <= 3
 
 
-def test_decode_against_self(plan, tmp_path):
+def test_decode_against_self(cpu_plan, tmp_path):
     from appliance.bench import run
 
-    doc = run(plan, BenchConfig(workload="decode", decode_tokens=8, repeats=1), tmp_path)
+    doc = run(cpu_plan, BenchConfig(workload="decode", decode_tokens=8, repeats=1), tmp_path,
+              CPU)
     names = [c["name"] for c in doc["result"]["contenders"]]
     assert names == ["mlx_lm stream_generate", "appliance engine", "appliance http"]
     for c in doc["result"]["contenders"]:
@@ -99,13 +109,13 @@ def test_decode_against_self(plan, tmp_path):
     assert (tmp_path / "bench.json").is_file()
 
 
-def test_prefix_cold_ram_ssd(plan, tmp_path):
+def test_prefix_cold_ram_ssd(cpu_plan, tmp_path):
     """Cold, then RAM hits, then SSD restores in a restarted server: the cached token
     counts prove which path served each (speed itself is not asserted)."""
     from appliance.bench import run
 
-    cfg = BenchConfig(workload="prefix", prefix_tokens=[96], user_tokens=8)
-    row = run(plan, cfg, tmp_path)["result"]["rows"][0]
+    cfg = BenchConfig(workload="prefix", prefix_tokens=[96], user_tokens=8, keep_ssd=True)
+    row = run(cpu_plan, cfg, tmp_path, CPU)["result"]["rows"][0]
     assert row["cold"]["cached_tokens"] == [0, 0, 0]
     for phase in ("ram_hit", "ssd_restore"):
         assert all(c >= 96 for c in row[phase]["cached_tokens"]), row[phase]
@@ -151,8 +161,9 @@ def test_kv_scheme_against_native(tmp_path):
 
     overrides = ["kv=k8v4"]
     plan = resolve_overrides(overrides)
+    # a fixed budget: capacity then depends on bytes per token only, not on this machine
     cfg = BenchConfig(workload="kv", kv_batches=[2], kv_context=48, kv_short_context=16,
-                      decode_tokens=4, repeats=1)
+                      decode_tokens=4, repeats=1, kv_budget="1GiB")
     run(plan, cfg, tmp_path, tuple(overrides))
     doc = json.loads((tmp_path / "bench.json").read_text())
     r, label = doc["result"], doc["label"]
@@ -166,14 +177,14 @@ def test_kv_scheme_against_native(tmp_path):
     native, k8v4 = r["schemes"]
     assert native["bytes_per_token"] == k8v4["native_bytes_per_token"] > k8v4["bytes_per_token"]
     assert k8v4["fingerprint"] == plan.fingerprint != native["fingerprint"]
-    assert r["kv_budget_bytes"] == plan.batch.kv_budget_bytes
+    assert r["kv_budget_bytes"] == 2**30
 
     cap = {(c["scheme"], c["context"]): c for c in r["capacity"]}
     assert set(cap) == {(s, c) for s in ("native", "k8v4") for c in (4096, 32768)}
     for c in (4096, 32768):
         assert cap["native", c]["ratio_to_native"] == 1.0
         assert cap["k8v4", c]["rows"] > cap["native", c]["rows"] > 0
-        assert cap["native", c]["rows"] == plan.batch.kv_budget_bytes // (3072 * c)
+        assert cap["native", c]["rows"] == 2**30 // (native["bytes_per_token"] * c)
 
     assert [(d["scheme"], d["batch"]) for d in r["decode"]] == [("native", 2), ("k8v4", 2)]
     for d in r["decode"]:

@@ -45,7 +45,8 @@ def test_profiles_compose_left_to_right():
     assert plan.profiles == ("m4-pro", "agent-fleet")
     assert plan.machine.name == "m4-pro"
     assert plan.machine.memory_bytes == 24 * 1024**3
-    assert plan.server.max_context == 32768  # from agent-fleet
+    assert plan.server.clients == 16 and plan.server.default_max_tokens == 2048  # agent-fleet
+    assert plan.derived["server.max_context"].startswith(f"max_context={plan.server.max_context}")
     assert plan.cache.kind == "tiered" and plan.batch.mode == "continuous"
     later = resolve_overrides(["+profile=[m4-pro,m1-max]"])
     assert later.machine.name == "m1-max"

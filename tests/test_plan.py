@@ -16,18 +16,23 @@ def test_plan_is_frozen_and_describes_the_embedded_model(plan):
     m = plan.model
     assert m.architecture == "qwen3" and m.source == "tiny"
     assert set(m.layer_kinds) == {"full"}
-    assert m.checkpoint_dtype == "bfloat16" and m.dtype == "bfloat16"  # served as stored
+    assert m.checkpoint_dtype == "bfloat16" and m.dtype == "bfloat16"  # pinned (ORACLE_PIN)
     fp32 = resolve_overrides(["model.dtype=float32"]).model
     assert fp32.weight_bytes > 1.9 * m.weight_bytes  # cast to float32 in memory
     assert 4e6 <= m.parameters <= 8e6
-    assert plan.memory.kv_budget_bytes == plan.memory.usable_bytes - m.weight_bytes
+    mem = plan.memory  # one account: the parts sum to the ceiling, within usable memory
+    assert mem.ceiling_bytes == (mem.weights_bytes + mem.activations_bytes
+                                 + mem.buffer_cache_bytes + mem.kv_budget_bytes
+                                 + mem.copies_bytes + mem.ram_bytes) <= mem.usable_bytes
+    assert mem.weights_bytes == m.weight_bytes and mem.ram_bytes == 0  # cache=none
 
 
 def test_fingerprint_tracks_exactly_the_output_fields():
     base = resolve_overrides([])
     assert resolve_overrides(["server.port=9999"]).fingerprint == base.fingerprint
     assert resolve_overrides(["+profile=m4-pro"]).fingerprint == base.fingerprint
-    assert resolve_overrides(["model.dtype=float32"]).fingerprint != base.fingerprint
+    other = "bfloat16" if base.model.dtype == "float32" else "float32"
+    assert resolve_overrides([f"model.dtype={other}"]).fingerprint != base.fingerprint
 
 
 @pytest.mark.parametrize("shape,kinds", [
@@ -78,7 +83,8 @@ def test_openblas_is_used_when_installed(plan):
 
 def test_batch_plan_states_placement_and_budget():
     plan = resolve_overrides([])
-    assert plan.batch.mode == "continuous" and plan.batch.max_rows == 8
+    assert plan.batch.mode == "continuous" and plan.batch.max_rows >= 1
+    assert plan.derived["batch.max_rows"].startswith(f"max_rows={plan.batch.max_rows}: ")
     assert plan.batch.kv_budget_bytes == plan.memory.kv_budget_bytes  # auto
     assert set(plan.batch.placement) == {"full"}
     assert "left-padded to one write cursor" in plan.batch.placement["full"]
@@ -118,7 +124,9 @@ def test_synthetic_shapes_plan_without_building(shape, kinds):
     assert set(plan.model.layer_kinds) == kinds
     assert set(plan.batch.placement) == kinds
     if shape == "llama-3.2-1b":
-        assert 1.2e9 < plan.model.parameters < 1.3e9 and plan.model.dtype == "bfloat16"
+        assert 1.2e9 < plan.model.parameters < 1.3e9
+        assert plan.model.checkpoint_dtype == "bfloat16"
+        assert plan.model.dtype == ("float32" if "model.dtype" in plan.derived else "bfloat16")
         q = resolve_overrides(["model=synthetic", "model.bits=4"])
         assert q.model.quantization == "4bit/g64" and q.fingerprint != plan.fingerprint
         assert q.model.weight_bytes < plan.model.weight_bytes / 3
@@ -142,7 +150,8 @@ def test_fingerprint_sees_different_weights_of_one_shape():
 
 
 def test_kv_schemes_state_their_true_bytes_and_capacity():
-    native, q = resolve_overrides([]), resolve_overrides(["kv=affine4"])
+    bf16 = ["model.dtype=bfloat16"]  # the bytes below are bf16 KV's
+    native, q = resolve_overrides(bf16), resolve_overrides(["kv=affine4", *bf16])
     # 6 layers x K+V x 2 heads x 64 dims x 2 bytes (bf16) = 512 per layer and token
     assert native.kv.bytes_per_token == 6 * 512 and native.kv.quantized_layers == ()
     assert q.kv.keep_layers == (0, 1, 4, 5) and q.kv.quantized_layers == (2, 3)
@@ -152,7 +161,7 @@ def test_kv_schemes_state_their_true_bytes_and_capacity():
     rows = q.memory.rows_at_max_context
     assert set(rows) == {"native", "affine8", "k8v4", "affine4", "turboquant"}
     assert rows["native"] < rows["affine8"] < rows["k8v4"] < rows["affine4"]
-    every = resolve_overrides(["kv=turboquant", "kv.keep_layers=[]"])
+    every = resolve_overrides(["kv=turboquant", "kv.keep_layers=[]", *bf16])
     assert every.kv.quantized_layers == tuple(range(6))
     assert every.kv.bytes_per_token == 6 * 2 * 2 * (32 + 2)  # 4-bit codes + a float16 norm
     assert "rotated space" in every.kv.attention

@@ -151,7 +151,7 @@ def test_cached_tokens_in_usage_and_stats():
         assert usage[1]["prompt_tokens_details"]["cached_tokens"] > 100
         ram = httpx.get(f"{url}/stats").json()["cache"]["ram"]
         assert ram["hits"] >= 1 and ram["hit_tokens"] > 100 and ram["bytes"] > 0
-        assert plan.cache.ram_bytes == 4 * 1024**3
+        assert plan.cache.ram_bytes == plan.memory.ram_bytes > 0  # auto: sized from the machine
 
 
 def test_many_rows_sharing_and_evicting(loaded):

@@ -405,14 +405,15 @@ def test_stops_and_logprobs_through_the_server_match_no_draft(client):
     """A stop string ends the text at the same place (nothing past it is streamed), and the
     chosen tokens' log-probabilities agree with draft=none's (a verify pass computes them
     over several positions at once: equal up to float rounding)."""
-    from conftest import app_for
+    from conftest import ORACLE_PIN, app_for
     from openai import OpenAI
 
     kw = dict(model="appliance-tiny", prompt=EDIT_PROMPT, max_tokens=40, temperature=0)
     want = client.completions.create(**kw, stop=[" list"], logprobs=2)
     want_stream = "".join(c.choices[0].text for c in client.completions.create(
         **kw, stop=[" list"], stream=True))
-    with app_for(["draft=lookup", "draft.adaptive=false"]) as (plan, engine, url):
+    # the session `client`'s settings (ORACLE_PIN), with the draft the only difference
+    with app_for(["draft=lookup", "draft.adaptive=false", *ORACLE_PIN]) as (plan, engine, url):
         c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         got = c.completions.create(**kw, stop=[" list"], logprobs=2)
         got_stream = "".join(ch.choices[0].text for ch in c.completions.create(

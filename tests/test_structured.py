@@ -182,9 +182,10 @@ def test_constrained_rows_speculate_exactly(server, plan):
     at every step): in one batch of JSON-schema rows, free rows and a forced call, streamed
     and not, greedy and seeded, every constrained output validates, drafts are kept on
     constrained rows, and the greedy rows equal this server's (draft=none) output."""
-    from conftest import app_for
+    from conftest import ORACLE_PIN, app_for
 
-    with app_for(["draft=lookup", "draft.adaptive=false"]) as (p, engine, url):
+    # this server's settings (ORACLE_PIN), with the draft the only difference
+    with app_for(["draft=lookup", "draft.adaptive=false", *ORACLE_PIN]) as (p, engine, url):
         spec = _mixed_batch(url, p.model.id)
         proposed = engine.stats()["speculation"]["lookup"]["proposed"]
     plain = _mixed_batch(server, plan.model.id)

@@ -6,11 +6,15 @@
     appliance mode=bench bench=decode [bench.target=mlx_lm]   B=1 decode speed
     appliance mode=bench bench=kv kv=k8v4              a KV scheme against kv=native
     appliance mode=bench bench=spec draft=lookup       speculative decoding against draft=none
-    appliance -m mode=bench batch.max_rows=1,4,8      one bench.json per sweep cell
+    appliance mode=bench bench=agents                 multi-turn agents: this plan, then
+                                                      mlx_lm.server, in one run (ratios)
+    appliance -m mode=bench batch.max_rows=1,4,8      one bench.json per sweep cell, and one
+                                                      comparison (sweep.md/csv/png, sweep.py)
 
 `run()` prints a table and one `BENCH ...` line, and writes `<outdir>/bench.json`
 (results + label). Modules: prompts (corpus text sized in model tokens), client
-(streamed requests, the fleet), targets (servers), decode, prefix, kv, stats, report.
+(streamed requests, the fleet), targets (servers), agents, decode, prefix, kv, spec, stats,
+report, progress (bars on stderr), sweep (the multirun report), tune (mode=tune).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 from appliance.plan import ExecutionPlan, PlanError
 
-WORKLOADS = ("fleet", "decode", "prefix", "kv", "spec")
+WORKLOADS = ("fleet", "decode", "prefix", "kv", "spec", "agents")
 
 
 def _target_kind(target: str) -> str:
@@ -33,7 +37,8 @@ def _target_kind(target: str) -> str:
 _MINIMUMS = (("clients", 1), ("requests_per_client", 1), ("system_tokens", 0),
              ("user_tokens", 1), ("max_tokens", 1), ("warmup", 0), ("stagger_s", 0),
              ("jitter_s", 0), ("decode_tokens", 2), ("repeats", 1), ("kv_context", 1),
-             ("kv_short_context", 1))
+             ("kv_short_context", 1), ("agents", 1), ("turns", 1), ("tool_tokens", 1),
+             ("think_s", 0))
 _LIST_MINIMUMS = (("kv_batches", 1), ("kv_capacity_contexts", 1), ("spec_batches", 1))
 
 
@@ -68,6 +73,9 @@ def check(cfg) -> list[str]:
         if not values or any(not isinstance(v, int) or v < least for v in values):
             problems.append(f"bench.{name}={values} must be a non-empty list of integers "
                             f">= {least}")
+    if cfg.anchor not in ("mlx_lm", "none"):
+        problems.append(f"bench.anchor={cfg.anchor!r} is not supported; valid choices: "
+                        "mlx_lm, none")
     if str(cfg.kv_budget) != "auto":
         from appliance.plan.sizes import parse_size
 
@@ -91,10 +99,29 @@ def run(plan: ExecutionPlan, cfg, outdir: Path, overrides: tuple[str, ...] = ())
     httpx_log = logging.getLogger("httpx")
     level = httpx_log.level
     httpx_log.setLevel(logging.WARNING)
+    # SIGTERM stops a bench as Ctrl-C does: through the `finally`s that stop its servers
+    # (by default it would end this process at once and leave them running)
+    on_term = _interrupt_on_sigterm()
     try:
         return _run(plan, cfg, Path(outdir), list(overrides))
     finally:
         httpx_log.setLevel(level)
+        on_term()
+
+
+def _interrupt_on_sigterm():
+    """Make SIGTERM raise KeyboardInterrupt; returns the undo (a no-op off the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
@@ -105,7 +132,8 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
         raise PlanError(problems)
     kind = _target_kind(cfg.target)
     path = model_dir(plan)
-    doc = {"label": report.label(plan, cfg), "workload": cfg.workload}
+    # the command line travels with the result: a sweep's report reads the swept knobs there
+    doc = {"label": report.label(plan, cfg), "workload": cfg.workload, "overrides": overrides}
     if cfg.workload == "kv":  # random token ids: no tokenizer
         from appliance.bench.kv import run_kv
         from appliance.bench.report import kv_line, kv_text
@@ -135,6 +163,14 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
         print(prefix_text(doc))
         print(f"BENCH prefix | {out}", flush=True)
         return doc
+    if cfg.workload == "agents":
+        from appliance.bench.agents import agents_line, agents_text, run_bench
+
+        doc.update(run_bench(plan, cfg, kind, path, tokenizer, outdir, overrides))
+        out = report.write(outdir, doc)
+        print(agents_text(doc))
+        print(agents_line(doc, out), flush=True)
+        return doc
     if cfg.workload == "decode":
         from appliance.bench.decode import run_decode
 
@@ -154,7 +190,8 @@ def _fleet(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir: P
            overrides: list[str]) -> dict:
     """Start the target, run the fleet against it, stop the target."""
     from appliance.bench import targets
-    from appliance.bench.client import Endpoint, FleetSpec, run_fleet
+    from appliance.bench.client import FleetSpec, run_fleet
+    from appliance.bench.progress import bar
     from appliance.bench.prompts import eos_bias, fleet_prompts
     from appliance.bench.stats import request_record, summarize_fleet
 
@@ -162,28 +199,11 @@ def _fleet(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir: P
                      cfg.jitter_s, cfg.seed, cfg.warmup)
     prompts = fleet_prompts(tokenizer, cfg.system_tokens, cfg.user_tokens,
                             cfg.warmup + cfg.clients * cfg.requests_per_client)
-    bias = eos_bias(tokenizer)
-
-    def go(ep: Endpoint):
-        return run_fleet(ep, spec, prompts.system, prompts.users)
-
-    if kind == "self":
-        with targets.appliance_process(plan, overrides, outdir / "appliance.log") as url:
-            info = {"kind": "self", "url": url, "model": plan.model.id}
-            results, admitted, t0 = go(Endpoint(url, plan.model.id, bias, poll_stats=True))
-    elif kind == "mlx_lm":
-        served, exported = targets.served_model_dir(plan, path)
-        with targets.mlx_lm_server(plan, served, outdir / "mlx_lm_server.log",
-                                   cfg.mlx_lm_args) as info:
-            # mlx_lm.server keeps its prompt (prefix) cache on by default; its usage reports
-            # the cached prompt tokens, shown in the table as "prompt tok (cached)".
-            info["dtype_export"] = exported
-            results, admitted, t0 = go(Endpoint(info["url"], info["model"], bias,
-                                                poll_stats=False))
-    else:
-        # The EOS ban uses the local plan's tokenizer: the server should serve that model.
-        info = targets.remote_info(cfg.target)
-        results, admitted, t0 = go(Endpoint(info["url"], info["model"], bias, poll_stats=True))
+    with targets.started(kind, plan, cfg, path, outdir, overrides, eos_bias(tokenizer)) as (
+            info, ep):
+        with bar(f"fleet -> {kind}", spec.clients * spec.requests_per_client,
+                 cfg.progress) as advance:
+            results, admitted, t0 = run_fleet(ep, spec, prompts.system, prompts.users, advance)
     return {"target": info, "summary": summarize_fleet(results, admitted),
             "requests": [request_record(r, t0) for r in results]}
 

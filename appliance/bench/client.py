@@ -11,6 +11,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -31,10 +32,15 @@ class Endpoint:
 
 
 def chat_body(ep: Endpoint, system: str, user: str, max_tokens: int) -> dict:
+    return messages_body(ep, [{"role": "system", "content": system},
+                              {"role": "user", "content": user}], max_tokens)
+
+
+def messages_body(ep: Endpoint, messages: list[dict], max_tokens: int) -> dict:
     return {
         "model": ep.model, "stream": True, "stream_options": {"include_usage": True},
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        "max_tokens": max_tokens, "temperature": 0.0, "logit_bias": ep.logit_bias,
+        "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+        "logit_bias": ep.logit_bias,
     }
 
 
@@ -65,6 +71,7 @@ async def stream_request(http: httpx.AsyncClient, path: str, body: dict,
                     text = (choice.get("delta") or {}).get("content") or choice.get("text")
                     if text:
                         chunks += 1
+                        result.text += text
                         result.last_token = now
                         if result.first_token is None:
                             result.first_token = now
@@ -90,7 +97,7 @@ def arrival_offsets(clients: int, stagger_s: float, jitter_s: float, seed: int) 
     return [i * stagger_s + rng.uniform(0.0, jitter_s) for i in range(clients)]
 
 
-async def _poll_active_rows(http: httpx.AsyncClient, stop: asyncio.Event) -> int | str:
+async def poll_active_rows(http: httpx.AsyncClient, stop: asyncio.Event) -> int | str:
     """Largest `active_rows` seen on GET /stats every ~50 ms (the rows actually admitted)."""
     best = 0
     while not stop.is_set():
@@ -119,8 +126,8 @@ class FleetSpec:
     warmup: int
 
 
-async def _fleet(ep: Endpoint, spec: FleetSpec, system: str,
-                 users: list[str]) -> tuple[list[RequestResult], int | str, float]:
+async def _fleet(ep: Endpoint, spec: FleetSpec, system: str, users: list[str],
+                 advance: Callable[[], None]) -> tuple[list[RequestResult], int | str, float]:
     limits = httpx.Limits(max_connections=spec.clients + 4)
     async with httpx.AsyncClient(base_url=ep.url, timeout=TIMEOUT, limits=limits) as http:
         # Warm-up: untimed, one after another, on turns no timed request uses.
@@ -133,7 +140,7 @@ async def _fleet(ep: Endpoint, spec: FleetSpec, system: str,
         timed = users[spec.warmup:]
         offsets = arrival_offsets(spec.clients, spec.stagger_s, spec.jitter_s, spec.seed)
         stop = asyncio.Event()
-        poller = asyncio.ensure_future(_poll_active_rows(http, stop) if ep.poll_stats
+        poller = asyncio.ensure_future(poll_active_rows(http, stop) if ep.poll_stats
                                        else asyncio.sleep(0, result="n/a"))
 
         async def agent(i: int, t_start: float) -> list[RequestResult]:
@@ -144,6 +151,7 @@ async def _fleet(ep: Endpoint, spec: FleetSpec, system: str,
                 out.append(await stream_request(
                     http, "/v1/chat/completions",
                     chat_body(ep, system, user, spec.max_tokens), RequestResult(i, j, 0.0)))
+                advance()
             return out
 
         t0 = time.perf_counter()
@@ -154,10 +162,12 @@ async def _fleet(ep: Endpoint, spec: FleetSpec, system: str,
     return results, admitted, t0
 
 
-def run_fleet(ep: Endpoint, spec: FleetSpec, system: str,
-              users: list[str]) -> tuple[list[RequestResult], int | str, float]:
-    """Warm up, then run every agent; returns (results, max active_rows, t0)."""
+def run_fleet(ep: Endpoint, spec: FleetSpec, system: str, users: list[str],
+              advance: Callable[[], None] = lambda: None,
+              ) -> tuple[list[RequestResult], int | str, float]:
+    """Warm up, then run every agent; returns (results, max active_rows, t0).
+    `advance()` is called as each timed request ends (a progress bar)."""
     need = spec.warmup + spec.clients * spec.requests_per_client
     if len(users) < need:
         raise ValueError(f"{need} user turns are needed, {len(users)} were given")
-    return asyncio.run(_fleet(ep, spec, system, users))
+    return asyncio.run(_fleet(ep, spec, system, users, advance))

@@ -15,6 +15,7 @@ where writes and requests overlap).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -79,14 +80,19 @@ def run_prefix(plan: ExecutionPlan, cfg, tokenizer, overrides: list[str], outdir
         ssd = outdir / f"ssd-{size}"
         ov = ["cache=tiered", f"cache.ssd.path={ssd}",
               f"server.max_context={size + 4 * cfg.user_tokens + 64}", *keep]
-        with appliance_process(plan, ov, outdir / f"appliance-{size}.log") as url:
-            _ttfts(url, ep, warm)
-            cold = _ttfts(url, ep, [(s, users[i]) for i, s in enumerate(systems)])
-            ram = _ttfts(url, ep, [(s, users[N_PREFIXES + i]) for i, s in enumerate(systems)])
-        with appliance_process(plan, ov, outdir / f"appliance-{size}-restart.log") as url:
-            _ttfts(url, ep, warm)
-            restored = _ttfts(url, ep, [(s, users[2 * N_PREFIXES + i])
-                                        for i, s in enumerate(systems)])
+        try:
+            with appliance_process(plan, ov, outdir / f"appliance-{size}.log") as url:
+                _ttfts(url, ep, warm)
+                cold = _ttfts(url, ep, [(s, users[i]) for i, s in enumerate(systems)])
+                ram = _ttfts(url, ep, [(s, users[N_PREFIXES + i])
+                                       for i, s in enumerate(systems)])
+            with appliance_process(plan, ov, outdir / f"appliance-{size}-restart.log") as url:
+                _ttfts(url, ep, warm)
+                restored = _ttfts(url, ep, [(s, users[2 * N_PREFIXES + i])
+                                            for i, s in enumerate(systems)])
+        finally:  # a bench leaves no gigabytes behind unless asked (bench.keep_ssd)
+            if not cfg.keep_ssd:
+                shutil.rmtree(ssd, ignore_errors=True)
         row = {"prefix_tokens": size, "cold": _summary(cold), "ram_hit": _summary(ram),
                "ssd_restore": _summary(restored)}
         base = row["cold"]["ttft_ms_median"]

@@ -9,6 +9,7 @@ length is "about N tokens" of the served model's tokenizer, whatever it is.
 from __future__ import annotations
 
 import json
+import logging
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,9 @@ def load_tokenizer(path: Path):
     """The tokenizer exactly as mlx_lm.load builds it (EOS ids from config.json included)."""
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
+    # whole corpus files are tokenized and then sliced into prompts: transformers' warning
+    # that a sequence exceeds the model's length is about text no request carries
+    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
     config = json.loads((path / "config.json").read_text())
     return mlx_load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
 
@@ -77,3 +81,18 @@ def fleet_prompts(tokenizer, system_tokens: int, user_tokens: int, n_users: int)
 
 # A short, fixed prompt for B=1 decode: prefill cost is negligible next to decode.
 DECODE_PROMPT = "def fibonacci(n):\n"
+
+
+def heldout_tokens(tokenizer, n: int) -> list[int]:
+    """`n` tokens of the held-out stdlib files (appliance/embedded/train.py keeps them out of
+    the embedded model's training), cycled when they run short: text the model never saw."""
+    from appliance.embedded.train import load_corpus
+
+    ids: list[int] = []
+    for _, text in load_corpus()[2]:
+        ids += tokenizer.encode(text + "\n", add_special_tokens=False)
+        if len(ids) >= n:
+            return ids[:n]
+    if not ids:
+        raise RuntimeError("the held-out corpus is empty")
+    return (ids * (n // len(ids) + 1))[:n]

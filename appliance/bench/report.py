@@ -185,7 +185,8 @@ def kv_line(doc: dict, path: Path) -> str:
 
     r, name = doc["result"], doc["result"]["scheme"]
     mine = [x for x in r["capacity"] if x["scheme"] == name]
-    cap = " ".join(f"rows@{x['context']}={x['rows']}(x{x['ratio_to_native']:.2f})" for x in mine)
+    cap = " ".join(f"rows@{x['context']}={x['rows']}(x{_fmt(x['ratio_to_native'], 2)})"
+                   for x in mine)  # no ratio where native fits no row
     dec = " ".join(f"B{x['batch']}={_fmt(x['tok_s_median'])}tok/s(x{x['ratio_to_native']:.2f})"
                    for x in r["decode"] if x["scheme"] == name)
     sh = " ".join(f"short_{x['path']}={_fmt(x['tok_s_median'])}tok/s"

@@ -25,6 +25,7 @@ class RequestResult:
     cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache
     usage_reported: bool = False  # False: completion_tokens counts content chunks
     error: str | None = None
+    text: str = ""  # the streamed content (an agent sends it back as the assistant's turn)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +91,25 @@ def summarize_fleet(results: Sequence[RequestResult], admitted_rows: int | str) 
         "cached_tokens_mean": _r(sum(cached) / len(cached), 1) if cached else None,
         "wall_s": _r(wall, 3),
     }
+
+
+def summarize_agents(results: Sequence[RequestResult], admitted_rows: int | str,
+                     abandoned: int = 0) -> dict:
+    """The fleet's numbers, plus TTFT for first turns (cold but for the system prompt) and
+    later turns (mostly a seen prefix) apart, the share of prompt tokens the server took
+    from its prefix cache (usage.prompt_tokens_details), and what went wrong."""
+    s = summarize_fleet(results, admitted_rows)
+    ok = [r for r in results if r.ok]
+    for name, keep in (("first", lambda r: r.turn == 0), ("later", lambda r: r.turn > 0)):
+        ms = [r.ttft * 1e3 for r in ok if keep(r)]
+        s[f"ttft_ms_{name}_p50"] = _r(percentile(ms, 50))
+        s[f"ttft_ms_{name}_p95"] = _r(percentile(ms, 95))
+    told = [r for r in ok if r.cached_tokens is not None and r.prompt_tokens]
+    prompt = sum(r.prompt_tokens for r in told)
+    s["cache_hit_ratio"] = _r(sum(r.cached_tokens for r in told) / prompt, 3) if prompt else None
+    s["abandoned"] = abandoned  # later turns never sent: their conversation's turn failed
+    s["error_samples"] = sorted({r.error for r in results if r.error})[:3]
+    return s
 
 
 def request_record(r: RequestResult, t0: float) -> dict:

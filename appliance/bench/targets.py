@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from appliance.bench.client import Endpoint
 from appliance.plan import ExecutionPlan
 
 READY_TIMEOUT_S = 300.0  # a large model loads slowly; a crashed server is seen at once
@@ -67,12 +68,23 @@ def appliance_process(plan: ExecutionPlan, overrides: list[str], log_path: Path)
                 raise RuntimeError(f"served plan {fp} is not the benchmarked {plan.fingerprint}")
             yield url
         finally:
-            proc.terminate()  # SIGTERM: uvicorn shuts down, pending SSD writes finish
-            try:
-                proc.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 300)  # SIGTERM: uvicorn shuts down, pending SSD writes finish
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after `grace_s` or on a second Ctrl-C: a bench never leaves
+    its server running (the terminal's Ctrl-C may already have stopped it)."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except KeyboardInterrupt:  # a second Ctrl-C: no graceful exit, but no orphan either
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def export_dir(plan: ExecutionPlan, src: Path) -> Path:
@@ -118,9 +130,13 @@ def _server_flags() -> str:
     return r.stdout
 
 
-def mlx_lm_command(plan: ExecutionPlan, model_path: Path, port: int,
-                   extra: str = "") -> list[str]:
-    """mlx_lm.server with this plan's batch width and prefill chunk, where it has the flags.
+MATCHED = ("--decode-concurrency", "--prompt-concurrency", "--prefill-step-size")
+
+
+def mlx_lm_command(plan: ExecutionPlan, model_path: Path, port: int, extra: str = "",
+                   matched: tuple[str, ...] = MATCHED) -> list[str]:
+    """mlx_lm.server with this plan's batch width and prefill chunk, where it has the flags
+    (`matched`: which of them; the others keep mlx_lm's defaults).
 
     It is started through `import appliance` so it binds the same BLAS as the
     appliance does (appliance/_blas.py); otherwise Linux CPU runs would compare
@@ -133,7 +149,7 @@ def mlx_lm_command(plan: ExecutionPlan, model_path: Path, port: int,
     help_text, b = _server_flags(), plan.batch
     for flag, value in (("--decode-concurrency", b.max_rows), ("--prompt-concurrency", b.max_rows),
                         ("--prefill-step-size", b.prefill_chunk)):
-        if flag in help_text and flag not in extra:
+        if flag in matched and flag in help_text and flag not in extra:
             cmd += [flag, str(value)]
     return cmd + shlex.split(extra)  # bench.mlx_lm_args, e.g. "--prompt-cache-size 0"
 
@@ -147,11 +163,11 @@ def _mapped_blas(pid: int, blas: str) -> bool | None:
 
 
 @contextlib.contextmanager
-def mlx_lm_server(plan: ExecutionPlan, model_path: Path, log_path: Path,
-                  extra: str = "") -> Iterator[dict]:
+def mlx_lm_server(plan: ExecutionPlan, model_path: Path, log_path: Path, extra: str = "",
+                  matched: tuple[str, ...] = MATCHED) -> Iterator[dict]:
     """Start mlx_lm.server on `model_path`, wait until it has loaded, yield its facts."""
     port = free_port()
-    cmd = mlx_lm_command(plan, model_path, port, extra)
+    cmd = mlx_lm_command(plan, model_path, port, extra, matched)
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
@@ -164,12 +180,7 @@ def mlx_lm_server(plan: ExecutionPlan, model_path: Path, log_path: Path,
             info["blas_mapped"] = _mapped_blas(proc.pid, plan.machine.blas)
         yield info
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 15)
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, model: str, log_path: Path) -> None:
@@ -229,3 +240,51 @@ def remote_info(url: str) -> dict:
     except (httpx.HTTPError, ValueError):
         pass  # not an appliance: nothing more to learn
     return info
+
+
+def _fresh_ssd(plan: ExecutionPlan, overrides: list[str], outdir: Path) -> Path | None:
+    """A new SSD-tier directory for a served plan with an SSD tier, unless the command line
+    chose one: entries left by earlier runs would turn cold turns into hits."""
+    if not plan.cache.ssd_bytes or any(o.lstrip("+~").startswith("cache.ssd.path=")
+                                       for o in overrides):
+        return None
+    return outdir / "ssd"
+
+
+@contextlib.contextmanager
+def started(kind: str, plan: ExecutionPlan, cfg, path: Path, outdir: Path,
+            overrides: list[str], bias: dict[str, float]) -> Iterator[tuple[dict, Endpoint]]:
+    """Start the contender `kind` (self | mlx_lm | url), yield (its facts, an Endpoint), and
+    stop it, on Ctrl-C too. An SSD directory made here is removed after the server has
+    stopped, unless bench.keep_ssd (a bench must not leave gigabytes behind)."""
+    from appliance.bench.progress import status
+
+    with contextlib.ExitStack() as stack:
+        if kind == "self":
+            ov, ssd = list(overrides), _fresh_ssd(plan, overrides, outdir)
+            if ssd is not None:
+                ov.append(f"cache.ssd.path={ssd}")
+                if not cfg.keep_ssd:  # registered first: runs after the server stopped
+                    stack.callback(shutil.rmtree, ssd, ignore_errors=True)
+            with status(f"starting appliance ({plan.model.id})", cfg.progress):
+                url = stack.enter_context(appliance_process(plan, ov, outdir / "appliance.log"))
+            info = {"kind": "self", "url": url, "model": plan.model.id}
+            if ssd is not None:
+                info["ssd_path"] = str(ssd)
+            yield info, Endpoint(url, plan.model.id, bias, poll_stats=True)
+        elif kind == "mlx_lm":
+            # bench=agents: mlx_lm's defaults but for equal decode concurrency (the plan's
+            # rows); the fleet also matches prompt concurrency and prefill step
+            matched = MATCHED[:1] if cfg.workload == "agents" else MATCHED
+            with status("starting mlx_lm.server", cfg.progress):
+                served, exported = served_model_dir(plan, path)
+                info = stack.enter_context(mlx_lm_server(
+                    plan, served, outdir / "mlx_lm_server.log", cfg.mlx_lm_args, matched))
+            # mlx_lm.server keeps its prompt (prefix) cache on by default; its usage reports
+            # the cached prompt tokens.
+            info["dtype_export"] = exported
+            yield info, Endpoint(info["url"], info["model"], bias, poll_stats=False)
+        else:
+            # The EOS ban uses the local plan's tokenizer: the server should serve that model.
+            info = remote_info(cfg.target)
+            yield info, Endpoint(info["url"], info["model"], bias, poll_stats=True)

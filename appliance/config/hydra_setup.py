@@ -34,6 +34,16 @@ def profiles_dir() -> Path:
     return _first_dir(_PKG.parent / "profiles", _PKG / "_profiles")
 
 
+def profile_files() -> dict[str, Path]:
+    """Every profile by name: the shipped ones, then ./profiles of the working directory
+    (where mode=tune writes; a local file wins over a shipped one of the same name)."""
+    found: dict[str, Path] = {}
+    for d in dict.fromkeys(p.resolve() for p in (profiles_dir(), Path("profiles"))):
+        if d.is_dir():
+            found.update((p.stem, p) for p in sorted(d.glob("*.yaml")))
+    return found
+
+
 def group_options() -> dict[str, list[str]]:
     """Every config group and its options, profiles included (for validation and help)."""
     groups = {
@@ -41,7 +51,7 @@ def group_options() -> dict[str, list[str]]:
         for d in sorted(conf_dir().iterdir())
         if d.is_dir() and d.name != "hydra"
     }
-    groups["profile"] = sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+    groups["profile"] = sorted(profile_files())
     return groups
 
 
@@ -60,6 +70,6 @@ def setup() -> None:
         OmegaConf.register_new_resolver("appliance_run_dir", _run_dir)
     register()
     cs = ConfigStore.instance()
-    for path in sorted(profiles_dir().glob("*.yaml")):
+    for name, path in profile_files().items():
         data = yaml.safe_load(path.read_text()) or {}
-        cs.store(group="profile", name=path.stem, node=OmegaConf.create(data), package="_global_")
+        cs.store(group="profile", name=name, node=OmegaConf.create(data), package="_global_")

@@ -63,8 +63,9 @@ class BatchConfig:
     """How requests share the engine."""
 
     mode: str = "continuous"  # continuous: rows decode together | serial: one at a time
-    max_rows: int = 8  # rows decoded together (serial: 1)
-    prefill_chunk: int = 512  # prompt tokens per forward pass; running rows stall <= one chunk
+    # auto: derived from the machine and the workload (docs/defaults.md says how and why)
+    max_rows: int | str = "auto"  # rows decoded together (serial: 1)
+    prefill_chunk: int | str = "auto"  # prompt tokens per forward pass; rows stall <= one chunk
     prefill_rows: int = 1  # waiting prompts prefilled together in one pass (each <= one chunk)
     kv_budget: str = "auto"  # bytes for live KV: auto (from the machine) or a size, e.g. 4GiB
     max_queue: int = 64  # requests waiting for a row before new ones get 429
@@ -72,7 +73,7 @@ class BatchConfig:
 
 @dataclass
 class RamTierConfig:
-    bytes: str = "4GiB"  # cap, e.g. 4GiB; also bounded by what the live batch leaves free
+    bytes: str = "auto"  # cap: auto (from the machine) or e.g. 4GiB; shares one ceiling
 
 
 @dataclass
@@ -85,7 +86,7 @@ class SsdTierConfig:
 class CacheConfig:
     """Prefix-cache tiers."""
 
-    kind: str = "none"  # none | ram | ssd | tiered (RAM in front of SSD)
+    kind: str = "auto"  # auto (ram; none with batch=serial) | none | ram | ssd | tiered
     ram: RamTierConfig = field(default_factory=RamTierConfig)
     ssd: SsdTierConfig = field(default_factory=SsdTierConfig)
 
@@ -98,7 +99,12 @@ class ServerConfig:
     api_key: str | None = None  # required on every endpoint but /health; e.g. ${oc.env:KEY}
     allow_unauthenticated: bool = False  # serve a non-loopback host without a key anyway
     port: int = 8080
-    max_context: int | None = None  # prompt + completion tokens; None: the model's limit
+    # prompt + completion tokens; auto: the model's trained positions capped by memory;
+    # null: the model's trained positions
+    max_context: int | str | None = "auto"
+    # The workload the plan is sized for (auto knobs read them; nothing is enforced):
+    clients: int = 8  # concurrent clients (agents) expected
+    typical_context: int = 4096  # tokens a typical request holds (prompt + completion)
     default_max_tokens: int = 512  # when a request gives no max_tokens (mlx-lm server's default)
     default_temperature: float = 0.0
     default_top_p: float = 1.0
@@ -116,6 +122,7 @@ class MachineConfig:
     memory_gb: float | None = None  # unified / system memory
     gpu_cores: int | None = None
     bandwidth_gbs: float | None = None
+    tflops: float | None = None  # dense 16-bit matmul throughput (GPU) or fp32 (CPU)
     headroom_gb: float = 2.0  # kept free for the OS and other programs
     headroom_fraction: float = 0.1  # ... or this fraction of memory, whichever is larger
 
@@ -150,13 +157,37 @@ class BenchConfig:
     spec_batches: list[int] = field(default_factory=lambda: [1, 4, 16])  # rows together
     spec_context: int = 512  # prompt tokens per row (a held-out stdlib file's)
     spec_verify_cost: bool = False  # also time verify passes of 1 + k tokens per row
+    # bench=agents: growing multi-turn conversations (system_tokens is the shared system
+    # prompt, user_tokens the task; max_tokens, stagger_s, jitter_s, seed, warmup as above)
+    agents: int = 8  # concurrent agents
+    turns: int = 3  # requests per agent; each later turn appends the reply and a tool output
+    tool_tokens: int = 256  # tool output per later turn (held-out stdlib source)
+    think_s: float = 0.5  # mean think time before each later turn (uniform 0..2x, seeded)
+    anchor: str = "mlx_lm"  # also measured in the same run, for ratios: mlx_lm | none
+    progress: bool = True  # rich progress bars on stderr (only when stderr is a terminal)
+    keep_ssd: bool = False  # keep the SSD-tier directories a bench made (else removed at end)
+
+
+@dataclass
+class TuneConfig:
+    """mode=tune: search batch and cache knobs on bench=agents (Hydra's Optuna sweeper)."""
+
+    profile: str = "tuned"  # the best trial becomes profiles/<profile>.yaml
+    profiles_dir: str = "profiles"  # where it is written (relative: to the working directory)
+    trials: int = 20
+    ttft_p95_ms: float = 5000.0  # bound on TTFT p95: a trial above it is infeasible
+    seed: int = 0  # the sampler's
+    # candidates per knob (one value: fixed; empty: not searched)
+    max_rows: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
+    prefill_chunk: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
+    ram_bytes: list[str] = field(default_factory=lambda: ["1GiB", "4GiB", "16GiB"])
 
 
 @dataclass
 class AppConfig:
     """The whole configuration. `mode` picks what the CLI does with the plan."""
 
-    mode: str = "serve"  # serve | plan | bench
+    mode: str = "serve"  # serve | plan | bench | tune
     model: ModelConfig = field(default_factory=ModelConfig)
     kv: KVConfig = field(default_factory=KVConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
@@ -165,6 +196,7 @@ class AppConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     machine: MachineConfig = field(default_factory=MachineConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 GROUPS = {

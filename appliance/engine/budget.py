@@ -2,12 +2,18 @@
 
 Worst case = (prompt + max_tokens) tokens on growing (full-attention) layers,
 at most the window on sliding layers, and a constant for recurrent state.
+Rows share one left-padded buffer per layer, so what the batch really holds is
+rows x the longest row, not the sum of the rows: admission counts that.
 Pure bookkeeping (no MLX): exact, unit-tested.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Admission counts tokens exactly. mlx-lm's buffers grow 256 tokens at a time past the last
+# write, so a row may hold a little more: the plan counts that beside the budget
+# (GROWTH_TOKENS per row, appliance/plan/derive.py).
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,25 @@ class Budget:
     def __init__(self, budget_bytes: int, shape: KVShape):
         self.budget = budget_bytes
         self.shape = shape
-        self._held: dict[int, int] = {}
+        self._held: dict[int, int] = {}  # row -> its worst-case tokens
+
+    def _padded(self, tokens: list[int]) -> int:
+        """Bytes of rows left-padded to the longest: len(rows) x the longest row's buffer."""
+        if not tokens:
+            return 0
+        return len(tokens) * self.shape.row_bytes(max(tokens))
 
     @property
     def reserved(self) -> int:
-        return sum(self._held.values())
+        return self._padded(list(self._held.values()))
+
+    def reserved_with(self, prompt_tokens: int, max_tokens: int) -> int:
+        """What `reserved` would be with one more row of this size."""
+        return self._padded([*self._held.values(), prompt_tokens + max_tokens])
 
     def cost(self, prompt_tokens: int, max_tokens: int) -> int:
-        return self.shape.row_bytes(prompt_tokens + max_tokens)
+        """One row's bytes alone (what `fits_alone` compares with the room)."""
+        return self._padded([prompt_tokens + max_tokens])
 
     @property
     def room(self) -> int:
@@ -64,13 +81,15 @@ class Budget:
         return self.budget - self.shape.lone_row_extra
 
     def fits_alone(self, prompt_tokens: int, max_tokens: int) -> bool:
-        return self.cost(prompt_tokens, max_tokens) <= self.room
+        return self._padded([prompt_tokens + max_tokens]) <= self.room
+
+    def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
+        return self.reserved_with(prompt_tokens, max_tokens) <= self.room
 
     def try_admit(self, rid: int, prompt_tokens: int, max_tokens: int) -> bool:
-        cost = self.cost(prompt_tokens, max_tokens)
-        if self.reserved + cost > self.room:
+        if not self.fits_now(prompt_tokens, max_tokens):
             return False
-        self._held[rid] = cost
+        self._held[rid] = prompt_tokens + max_tokens
         return True
 
     def release(self, rid: int) -> None:

@@ -84,5 +84,8 @@ def build_engine(plan: ExecutionPlan) -> Engine:
                                    scheme=scheme, prefill_rows=b.prefill_rows,
                                    drafter=drafter, control=control)
 
+    mem = plan.memory  # MLX's limits come from the plan's one account (docs/memory.md)
     return Engine(load, make_scheduler, mode=b.mode, max_rows=b.max_rows,
-                  max_queue=b.max_queue, budget=budget, vocab_size=m.vocab_size).start()
+                  max_queue=b.max_queue, budget=budget, vocab_size=m.vocab_size,
+                  memory_limit=mem.ceiling_bytes or None,
+                  cache_limit=mem.buffer_cache_bytes or None).start()

@@ -8,6 +8,10 @@ around it: FIFO head-of-line admission under the KV byte budget, per-row sampler
 (seeded rows with private random streams), cancellation between steps,
 per-row failure containment, and the counters behind /stats.
 
+A failed allocation (appliance/engine/memory.py) fails no row: the RAM tier and MLX's
+buffer cache are dropped, the step's rows are requeued to continue where they stopped,
+and the batch runs one row smaller until a row finishes.
+
 A request that arrives to an idle engine runs *solo* (`runner.Decoder`,
 generate_step's arithmetic, no batch padding or masks: as fast as mlx-lm's
 serial path). When a second request can be admitted, the solo row hands its
@@ -19,10 +23,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from appliance.engine.budget import Budget
 from appliance.engine.kv import Scheme
+from appliance.engine.memory import Resumed, is_allocation_failure
 from appliance.engine.prefix_cache import PrefixCache
 from appliance.engine.runner import Decoder
 from appliance.engine.sampling import make_processors, make_sampler, repair_random_state
@@ -41,6 +46,9 @@ class Row:
     cached: int = 0  # prompt tokens that came from the prefix cache
     accepted: int = 0  # draft tokens accepted (speculative decoding)
     rejected: int = 0  # draft tokens proposed and rejected
+    emitted: list[int] = field(default_factory=list)  # delivered tokens (to resume the row)
+
+MAX_RETRIES = 3  # failed allocations one request survives; then it fails alone
 
 
 class ContinuousScheduler:
@@ -65,6 +73,8 @@ class ContinuousScheduler:
         self._rows: dict[int, Row] = {}  # BatchStep uid -> row
         self._solo: tuple[Row, Decoder] | None = None  # a lone row, decoded unbatched
         self._batch = self._new_step()
+        self.row_cap = max_rows  # lowered by a failed allocation, back up as rows finish
+        self.allocation_failures = 0
 
     def _new_step(self) -> BatchStep:
         # Head of line: a step is one decode pass plus one chunk of at most `prefill_chunk`
@@ -92,12 +102,11 @@ class ContinuousScheduler:
         if self.prefix is not None:
             self.prefix.step_started()
         self._step()
-        live = self.counters.kv_bytes = self._live_kv_bytes()
+        self.counters.kv_bytes = self._live_kv_bytes()
+        live = self._kv_claim()
         if self.prefix is not None and self.prefix.ssd is not None:  # after the step's tokens
             self.prefix.flush(None if self.ceiling is None else max(0, self.ceiling - live))
-        if self.prefix is not None and self.ceiling is not None:
-            # one ceiling: the live rows first, then copies waiting for the SSD, then RAM
-            self.prefix.trim(max(0, self.ceiling - live - self.prefix.pending_bytes))
+        self._trim()
 
     def _step(self) -> None:
         self._reap_cancelled()
@@ -122,6 +131,8 @@ class ContinuousScheduler:
                     req = self._rows[uid].handle.request
                     self._store(tokens, cache, durable=self._durable(req, len(tokens)))
         except Exception as e:  # a failed forward fails the rows in flight, not the server
+            if is_allocation_failure(e):
+                return self._out_of_memory(e)
             log.exception("batched step failed; failing its %d rows", len(self._rows))
             self.fail_all(f"{type(e).__name__}: {e}")
             return
@@ -160,19 +171,19 @@ class ContinuousScheduler:
         live = [r.handle.id for r in self._rows.values()]
         live += [self._solo[0].handle.id] if self._solo else []
         assert set(self.budget._held) == set(live)
+        assert 1 <= self.row_cap <= self.max_rows
         self.budget.check_integrity()
         if self.prefix is not None and self.ceiling is not None:
-            room = self.ceiling - c.kv_bytes - self.prefix.pending_bytes
+            room = self.ceiling - max(c.kv_bytes, self.budget.reserved) - self.prefix.pending_bytes
             assert self.prefix.nbytes <= max(0, room), "the RAM tier is over the ceiling"
 
     # -- the solo row ------------------------------------------------------------
     def _head_fits(self) -> bool:
         """Whether the first waiting request could be admitted next to the running rows."""
-        if not self._waiting or self.active_rows() >= self.max_rows:
+        if not self._waiting or self.active_rows() >= self.row_cap:
             return False
         r = self._waiting[0].request
-        return self.budget.reserved + self.budget.cost(len(r.prompt), r.max_tokens) \
-            <= self.budget.room
+        return self.budget.fits_now(len(r.prompt), r.max_tokens)
 
     def _start_solo(self) -> None:
         h = self._waiting[0]
@@ -180,15 +191,19 @@ class ContinuousScheduler:
         if h.cancelled or not self.budget.try_admit(h.id, len(r.prompt), r.max_tokens):
             return self._admit()  # the usual path refuses or waits
         self._waiting.popleft()
+        self._trim()
         t = time.perf_counter()
-        cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
         try:
+            cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
             decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
                               cached=cached, checkpoints=r.checkpoints,
                               on_checkpoint=self._checkpointer(r) if self.prefix is not None
                               else None, scheme=self.scheme)
         except Exception as e:  # e.g. an empty prompt: this request only
             self.budget.release(h.id)
+            if is_allocation_failure(e):
+                return self._out_of_memory(e, [Row(h, RowState.PREFILL)])
+            log.error("a lone row could not start", exc_info=e)
             self.counters.finished += 1
             return finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
         self.counters.prefill_seconds += time.perf_counter() - t
@@ -201,6 +216,10 @@ class ContinuousScheduler:
         try:
             tok, logprobs = d.next(last=row.generated + 1 == max_tokens)
         except Exception as e:
+            if is_allocation_failure(e):
+                self._solo = None
+                self.budget.release(row.handle.id)
+                return self._out_of_memory(e, [row])
             log.exception("a lone row's step failed")
             return self._end_solo(FinishReason.ERROR, f"{type(e).__name__}: {e}")
         finally:
@@ -239,6 +258,7 @@ class ContinuousScheduler:
     def _end_row(self, row: Row, reason: FinishReason, error: str | None = None) -> None:
         self.budget.release(row.handle.id)
         self.counters.finished += 1
+        self.row_cap = min(self.max_rows, self.row_cap + 1)  # a row left: memory came back
         finish(row.handle, reason, row.generated, error, cached=row.cached,
                accepted=row.accepted, rejected=row.rejected)
 
@@ -247,10 +267,20 @@ class ContinuousScheduler:
         solo = sum(c.nbytes for c in self._solo[1].cache) if self._solo else 0
         return self._batch.nbytes + solo
 
+    def _kv_claim(self) -> int:
+        """Live KV, or what admission reserved for the rows if more (a row just admitted
+        has not grown yet): the RAM tier may use only what neither claims."""
+        return max(self._live_kv_bytes(), self.budget.reserved)
+
     def _cache_limit(self) -> int | None:
         if self.ceiling is None:
             return None
-        return max(0, self.ceiling - self._live_kv_bytes() - self.prefix.pending_bytes)
+        return max(0, self.ceiling - self._kv_claim() - self.prefix.pending_bytes)
+
+    def _trim(self) -> None:
+        """One ceiling: the rows first, then copies waiting for the SSD, then the RAM tier."""
+        if self.prefix is not None and self.ceiling is not None:
+            self.prefix.trim(self._cache_limit())
 
     def _store(self, tokens: list[int], cache: list, live: bool = False,
                durable: bool = True) -> None:
@@ -272,13 +302,14 @@ class ContinuousScheduler:
 
     def _emit(self, row: Row, tok: int, logprobs) -> bool:
         row.generated += 1
+        row.emitted.append(tok)
         self.counters.tokens_generated += 1
         return safe_deliver(row.handle, token_event(tok, logprobs, row.handle.request.logprobs))
 
     # -- internals ---------------------------------------------------------------
     def _admit(self) -> None:
         """FIFO, head of line: the first waiting request goes first or nobody does."""
-        while self._waiting and len(self._rows) < self.max_rows:
+        while self._waiting and len(self._rows) < self.row_cap:
             h = self._waiting[0]
             if h.cancelled:
                 self._waiting.popleft()
@@ -289,14 +320,19 @@ class ContinuousScheduler:
             if not self.budget.try_admit(h.id, len(r.prompt), r.max_tokens):
                 return  # wait for running rows to free their KV
             self._waiting.popleft()
-            cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
+            self._trim()  # before the hit's copy: the RAM tier gives back what the row claims
             try:
+                cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None \
+                    else (0, None)
                 uid = self._batch.insert(
                     self._segments(r.prompt, cached, r.checkpoints), r.max_tokens,
                     make_sampler(r.sampling), make_processors(r.sampling), cache=cache,
                     tokens=r.prompt[:cached], params=r.sampling)
             except Exception as e:  # e.g. an empty prompt: this request only
                 self.budget.release(h.id)
+                if is_allocation_failure(e):  # the hit's copy: wait for memory
+                    return self._out_of_memory(e, [Row(h, RowState.PREFILL)])
+                log.error("a row could not be admitted", exc_info=e)
                 self.counters.finished += 1
                 finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
                 continue
@@ -342,6 +378,39 @@ class ContinuousScheduler:
             self.counters.draft_proposed += drafted.proposed
             self.counters.draft_accepted += drafted.accepted
         self._end_row(row, reason, error)
+
+    def _out_of_memory(self, e: BaseException, rows: list[Row] | None = None) -> None:
+        """An allocation failed: drop what can be rebuilt (the RAM tier, MLX's buffer cache)
+        and requeue the rows in flight (oldest first, ahead of new arrivals), each to go on
+        from what it already delivered; the batch runs one row smaller until a row ends.
+        A request that keeps failing, or one whose output is constrained, fails alone."""
+        import mlx.core as mx
+
+        if rows is None:  # the whole batch: its state is unknown after a failed step
+            rows, self._rows = list(self._rows.values()), {}
+            self._batch = self._new_step()
+            for row in rows:
+                self.budget.release(row.handle.id)
+        self.allocation_failures += 1
+        log.error("allocation failed with %d rows in flight; dropping the RAM tier and MLX's "
+                  "buffer cache, requeueing them", len(rows), exc_info=e)
+        if self.prefix is not None:
+            self.prefix.trim(0)
+        mx.clear_cache()
+        repair_random_state()
+        self.row_cap = max(1, min(self.row_cap, len(rows) + len(self._rows)) - 1)
+        for row in reversed(rows):  # back to the head of the line, oldest first
+            h = row.handle
+            if len(row.emitted) >= h.request.max_tokens:  # nothing left to generate
+                self.counters.finished += 1
+                finish(h, FinishReason.LENGTH, row.generated)
+                continue
+            constrained = h.request.sampling.constraint is not None and row.emitted
+            if (isinstance(h, Resumed) and h.retries >= MAX_RETRIES) or constrained:
+                self.counters.finished += 1
+                finish(h, FinishReason.ERROR, row.generated, f"{type(e).__name__}: {e}")
+                continue
+            self._waiting.appendleft(Resumed(h, row.emitted))  # counts its retries
 
     def fail_all(self, error: str) -> None:
         """End every row in flight (solo or batched) with `error`; waiting rows stay."""

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
-from appliance.engine import sampling, threads
+from appliance.engine import memory, sampling, threads
 from appliance.engine.budget import Budget
 from appliance.engine.scheduler import Scheduler, finish
 from appliance.engine.types import Event, Finished, FinishReason, GenerationRequest, Rejected
@@ -62,12 +62,16 @@ class Engine:
     `make_scheduler(model, tokenizer, stream)` is called on the engine thread
     after `load()`; `budget` (optional) lets `submit` refuse a request that
     could never fit, and `max_queue` bounds the requests waiting for a row.
+    `memory_limit` / `cache_limit`: MLX's memory limit and buffer-cache cap (the plan's
+    ceiling and its buffer-cache share), set before the model loads.
     """
 
     def __init__(self, load: Callable[[], tuple], make_scheduler: Callable[..., Scheduler],
                  mode: str, max_rows: int, max_queue: int, budget: Budget | None = None,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, memory_limit: int | None = None,
+                 cache_limit: int | None = None):
         self._load, self._make_scheduler = load, make_scheduler
+        self.memory_limit, self.cache_limit = memory_limit, cache_limit
         self.mode, self.max_rows, self.max_queue, self.budget = mode, max_rows, max_queue, budget
         self.vocab_size = vocab_size
         self.failure: str | None = None  # why the engine thread cannot go on (then: 503s)
@@ -157,6 +161,8 @@ class Engine:
             "decode_seconds": round(c.decode_seconds, 6),
             "cache": self._cache_stats(),
             "speculation": self._draft_stats(c),
+            "memory": {**memory.report(), "cache_limit_bytes": self.cache_limit,
+                       "allocation_failures": getattr(s, "allocation_failures", 0)},
         }
 
     @staticmethod
@@ -178,6 +184,7 @@ class Engine:
         import mlx.core as mx
 
         try:
+            memory.set_limits(self.memory_limit, self.cache_limit)
             stream = mx.new_stream(mx.default_device())
             with mx.stream(stream):
                 self.model, self.tokenizer = self._load()

@@ -117,6 +117,17 @@ def snapshot(cache: list) -> list:
     return [copy.copy(c) if type(c) is KVCache else copy.deepcopy(c) for c in cache]
 
 
+def materialize(cache: list) -> None:
+    """Evaluate an entry's arrays now. A row's cache taken from the batch is a lazy slice:
+    left unevaluated, it keeps the whole batch buffer it was cut from alive (every row, the
+    full padded length) while `nbytes` reports only the slice. Evaluated, it holds its own
+    buffer and `nbytes` is what MLX holds (tests/test_memory.py checks it)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    mx.eval([x for c in cache for _, x in tree_flatten(c.state) if isinstance(x, mx.array)])
+
+
 @dataclass
 class TierStats:
     hits: int = 0
@@ -230,6 +241,7 @@ class PrefixCache:
         `flush()`, after the step's tokens are out, so it never delays a first token."""
         if live:
             cache = snapshot(cache)
+        materialize(cache)
         if self.ssd is not None and durable:
             self._to_disk.append((list(tokens), cache))
         if self.ram is not None:

@@ -15,6 +15,30 @@ class Detected:
     backend: str  # metal | cuda | cpu
     chip: str
     memory_bytes: int
+    cpu_cores: int = 1
+
+
+# Facts a detected accelerator does not report: (backend, memory bandwidth GB/s, dense 16-bit
+# TFLOPs), from the vendors' data sheets. Matched as a substring of the device name.
+KNOWN = {"H200": ("cuda", 4800, 989), "H100": ("cuda", 3350, 989),
+         "A100": ("cuda", 2039, 312), "L40S": ("cuda", 864, 362),
+         "RTX 4090": ("cuda", 1008, 165), "M1 Max": ("metal", 400, 10.4),
+         "M4 Pro": ("metal", 273, 9.2), "M3 Max": ("metal", 400, 14.2),
+         "M2 Ultra": ("metal", 800, 27.2)}
+# When neither a profile nor KNOWN says: conservative per-backend guesses (GB/s; TFLOPs per
+# core for cpu and metal, whole device for cuda). A CPU core sustains ~32 fp32 GFLOPs
+# through OpenBLAS (AVX2 FMA); an Apple GPU core ~0.3 TFLOPs.
+DEFAULT_BANDWIDTH = {"cpu": 20.0, "metal": 100.0, "cuda": 1000.0}
+TFLOPS_PER_CORE = {"cpu": 0.032, "metal": 0.3}
+DEFAULT_CUDA_TFLOPS = 100.0
+
+
+def known_facts(chip: str) -> tuple[str, float, float] | None:
+    """(backend, bandwidth GB/s, TFLOPs) for a device name KNOWN lists, else None."""
+    for name, facts in KNOWN.items():
+        if name.lower() in (chip or "").lower():
+            return facts
+    return None
 
 
 def _memory_bytes() -> int:
@@ -58,4 +82,6 @@ def detect() -> Detected:
         info = mx.device_info()
         chip = str(info.get("device_name", chip))
         memory = int(info.get("memory_size", memory))
-    return Detected(backend=backend, chip=chip, memory_bytes=memory)
+    return Detected(backend=backend, chip=chip, memory_bytes=memory,
+                    cpu_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else os.cpu_count() or 1)

@@ -77,6 +77,8 @@ class ServerPlan:
     default_top_p: float
     log_level: str
     drain_seconds: float = 10.0  # on SIGTERM: time for in-flight requests, then they end
+    clients: int = 8  # the workload the auto knobs were sized for: concurrent clients ...
+    typical_context: int = 4096  # ... of this many tokens each
 
 
 @dataclass(frozen=True)
@@ -89,16 +91,28 @@ class MachinePlan:
     bandwidth_gbs: float | None
     headroom_bytes: int
     blas: str  # Linux CPU: the BLAS MLX's matmuls bind to
+    planned_for: str = ""  # the backend the facts describe (a Mac profile planned on Linux: metal)
+    tflops: float | None = None  # the compute the auto knobs assumed (stated, data sheet or guess)
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
+    """One account of what MLX holds; each part is checked against what MLX reports
+    (tests/test_memory.py) and the sum is MLX's memory limit (docs/memory.md)."""
+
     usable_bytes: int  # memory - headroom
     weights_bytes: int
-    kv_budget_bytes: int  # usable - weights - prefix-cache cap: what live KV may use
-    kv_and_cache_bytes: int  # usable - weights: the one ceiling live KV and the RAM tier share
+    kv_budget_bytes: int  # live KV of all rows (left-padded to the longest); admission
+    kv_and_cache_bytes: int  # kv budget + RAM tier: the pool live KV, SSD-writer copies and
+    #                          the RAM tier share (the tier trims itself to what rows leave)
     kv_bytes_at_max_context: int  # one request at max_context
-    rows_at_max_context: dict  # per KV option: rows of max_context that fit kv_budget_bytes
+    rows_at_max_context: dict  # per KV option: rows of max_context (and their copies) that
+    #                            fit in memory with no RAM tier (kv_budget when explicit)
+    activations_bytes: int = 0  # one step's transients: a prefill chunk, the decode logits
+    buffer_cache_bytes: int = 0  # freed buffers MLX keeps for reuse (mx.set_cache_limit)
+    copies_bytes: int = 0  # a batch rebuilt on join/leave (<= kv budget) + a hit's copy
+    ram_bytes: int = 0  # the RAM tier's cap
+    ceiling_bytes: int = 0  # the sum of all parts with the weights: mx.set_memory_limit
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,7 @@ class ExecutionPlan:
     memory: MemoryPlan
     profiles: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # facts worth a look that are not errors
+    derived: dict[str, str] = field(default_factory=dict)  # auto knob -> its value and why
     fingerprint: str = field(default="")
 
     def to_dict(self, public: bool = False) -> dict:
@@ -131,8 +146,11 @@ class ExecutionPlan:
     def to_yaml(self) -> str:
         import yaml
 
-        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False, default_flow_style=None,
-                              width=100)
+        d = _plain(self.to_dict())
+        derived = d.pop("derived")  # sentences: one per line reads better than a flow map
+        return (yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=100)
+                + yaml.safe_dump({"derived": derived}, sort_keys=False,
+                                 default_flow_style=False, width=100))
 
 
 def _plain(x):

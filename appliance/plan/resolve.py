@@ -5,10 +5,12 @@ Every problem is collected and raised together as one PlanError.
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 from typing import Any
 
 from appliance import _blas
+from appliance.plan.derive import Shape, Workload, derive, machine_facts
 from appliance.plan.draft import resolve_draft
 from appliance.plan.errors import PlanError
 from appliance.plan.kv import OPTIONS, UNSET, UNUSED, check_scheme, resolve_kv
@@ -41,7 +43,7 @@ PLACEMENT = {
                "sliding_window tokens, native",
     "recurrent": "engine/kv RecurrentLayout: constant-size state per row, native",
 }
-CACHES = ("none", "ram", "ssd", "tiered")
+CACHES = ("auto", "none", "ram", "ssd", "tiered")
 BACKENDS = ("auto", "metal", "cuda", "cpu")
 
 
@@ -121,6 +123,34 @@ def _rows_per_option(info: ModelInfo, dtype: str, backend: str, kv: Any, budget:
     return out
 
 
+def _auto_int(problems: list[str], field: str, value: Any) -> int | None:
+    """An `auto`-or-integer knob: None for auto (derived later), else the integer."""
+    if value == "auto":
+        return None
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        problems.append(f"{field}={value!r} is not a number; write an integer >= 1, or auto")
+        return None
+    if n < 1:
+        problems.append(f"{field}={value} must be >= 1")
+    return n
+
+
+def _config_dict(m: Any, path: Path | None) -> dict:
+    """The model's config.json as a dict (synthetic shapes: the config they are built from)."""
+    import json
+
+    if m.source == "synthetic":
+        from appliance.models.synthetic import config_for
+
+        return config_for(m.shape, _synthetic_dtype(m), m.bits)
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
 def _fields(kv: Any) -> dict:
     return {k: getattr(kv, k) for k in ("scheme", "key_bits", "value_bits", "group_size",
                                         "start", "keep_layers", "rotation", "rotation_seed")}
@@ -145,24 +175,28 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     _choice(problems, "cache.kind", cfg.cache.kind, CACHES)
     _choice(problems, "machine.backend", mach.backend, BACKENDS)
     b = cfg.batch
-    if b.prefill_chunk < 1:
-        problems.append(f"batch.prefill_chunk={b.prefill_chunk} must be >= 1")
-    if not 1 <= b.prefill_rows <= max(1, b.max_rows):
+    chunk_set = _auto_int(problems, "batch.prefill_chunk", b.prefill_chunk)
+    rows_set = _auto_int(problems, "batch.max_rows", b.max_rows)
+    if b.prefill_rows < 1 or (rows_set and b.prefill_rows > rows_set):
         problems.append(f"batch.prefill_rows={b.prefill_rows} must be in 1..batch.max_rows "
                         f"({b.max_rows})")
-    if b.max_rows < 1:
-        problems.append(f"batch.max_rows={b.max_rows} must be >= 1")
-    if b.mode == "serial" and b.max_rows != 1:
+    if b.mode == "serial" and rows_set not in (None, 1):
         problems.append(f"batch.max_rows={b.max_rows} with batch=serial: serial runs one row "
                         "at a time; use batch=continuous to decode rows together")
-    if cfg.cache.kind != "none" and b.mode == "serial":
+    cache_kind = cfg.cache.kind
+    if cache_kind == "auto":  # a RAM prefix cache, as mlx_lm.server keeps a prompt cache
+        cache_kind = "none" if b.mode == "serial" else "ram"
+    if cache_kind != "none" and b.mode == "serial":
         problems.append(f"cache={cfg.cache.kind} with batch=serial: the serial pin prefills every "
                         "prompt from scratch; use batch=continuous, or cache=none")
     if b.max_queue < 0:
         problems.append(f"batch.max_queue={b.max_queue} must be >= 0")
-    ram_cap = ssd_cap = 0
+    ram_cap, ssd_cap = 0, 0  # ram_cap None: auto (derived below)
     for tier, kinds in (("ram", ("ram", "tiered")), ("ssd", ("ssd", "tiered"))):
-        if cfg.cache.kind in kinds:
+        if cache_kind in kinds:
+            if tier == "ram" and cfg.cache.ram.bytes == "auto":
+                ram_cap = None
+                continue
             try:
                 size = parse_size(getattr(cfg.cache, tier).bytes)
             except ValueError as e:
@@ -195,8 +229,13 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         problems.append(f"server.default_max_tokens={srv.default_max_tokens} must be >= 1")
     if not 0 <= srv.drain_seconds <= 3600:
         problems.append(f"server.drain_seconds={srv.drain_seconds} must be in 0..3600")
-    if srv.max_context is not None and srv.max_context < 2:
+    ctx_set = None if srv.max_context is None else _auto_int(problems, "server.max_context",
+                                                              srv.max_context)
+    if ctx_set is not None and ctx_set < 2:
         problems.append(f"server.max_context={srv.max_context} must be >= 2")
+    if srv.clients < 1 or srv.typical_context < 1:
+        problems.append(f"server.clients={srv.clients} and server.typical_context="
+                        f"{srv.typical_context} must be >= 1")
     if not 0 <= mach.headroom_fraction < 1:
         problems.append(f"machine.headroom_fraction={mach.headroom_fraction} must be in [0, 1)")
 
@@ -223,11 +262,22 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     if problems or info is None:
         raise PlanError(problems or ["model: could not be inspected"])
 
-    dtype = info.checkpoint_dtype if m.dtype == "auto" else m.dtype
-    max_ctx = srv.max_context or info.max_position_embeddings or 4096
-    if info.max_position_embeddings and max_ctx > info.max_position_embeddings:
-        notes.append(f"server.max_context={max_ctx} exceeds the model's trained positions "
-                     f"({info.max_position_embeddings}); quality may degrade past them")
+    memory = int(mach.memory_gb * GiB) if mach.memory_gb else here.memory_bytes
+    headroom = max(int(mach.headroom_gb * GiB), int(mach.headroom_fraction * memory))
+    facts = machine_facts(mach, here, memory - headroom)
+    derived_why: dict[str, str] = {}
+    dtype = m.dtype
+    if m.dtype == "auto":
+        dtype = info.checkpoint_dtype
+        # where MLX really runs (a Mac profile planned on Linux still computes here)
+        if here.backend == "cpu" and platform.system() == "Linux" and dtype != "float32":
+            dtype = "float32"  # MLX's bf16/fp16 matmuls on CPU are scalar loops
+            derived_why["model.dtype"] = (
+                f"dtype=float32 (the checkpoint is {info.checkpoint_dtype}): on Linux CPU, "
+                f"float32 matmuls run through {_blas.ACTIVE} BLAS, several times faster than "
+                "16-bit ones; tokens equal mlx-lm's at float32")
+    cfg_dict = _config_dict(m, path)
+    trained = info.max_position_embeddings
     model = ModelPlan(
         source=m.source, id=model_id, path=str(path if m.source != "hf" else m.repo),
         revision=m.revision, architecture=info.architecture, layer_kinds=info.layer_kinds,
@@ -241,53 +291,93 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         if m.source == "synthetic" else None,
     )
 
-    kv = resolve_kv(cfg.kv, info, dtype, here.backend, max_ctx, problems)
+    # KV bytes per token do not depend on max_context (only its checks do: run them below)
+    kv = resolve_kv(cfg.kv, info, dtype, here.backend, ctx_set or trained or 4096, [])
     draft = resolve_draft(cfg.draft, path, info, dtype, b.mode, problems)
     if kv is None or draft is None or problems:
+        resolve_kv(cfg.kv, info, dtype, here.backend, ctx_set or trained or 4096, problems)
         raise PlanError(problems)
     per_tok = kv.bytes_per_token + draft.kv_bytes_per_token
 
-    memory = int(mach.memory_gb * GiB) if mach.memory_gb else here.memory_bytes
-    headroom = max(int(mach.headroom_gb * GiB), int(mach.headroom_fraction * memory))
     machine = MachinePlan(
         name=mach.name, backend=here.backend, chip=mach.chip or here.chip, memory_bytes=memory,
-        gpu_cores=mach.gpu_cores, bandwidth_gbs=mach.bandwidth_gbs, headroom_bytes=headroom,
-        blas=_blas.ACTIVE if here.backend == "cpu" else "n/a",
+        gpu_cores=mach.gpu_cores, bandwidth_gbs=facts.bandwidth_gbs, headroom_bytes=headroom,
+        blas=_blas.ACTIVE if here.backend == "cpu" else "n/a", planned_for=facts.backend,
+        tflops=facts.tflops,
     )
-    usable = memory - headroom
+    usable = facts.usable
     weights = model.weight_bytes + draft.weight_bytes  # the draft model or MTP head too
-    mem = MemoryPlan(usable_bytes=usable, weights_bytes=weights,
-                     kv_budget_bytes=usable - weights - ram_cap,
-                     kv_and_cache_bytes=usable - weights,
+    if weights >= usable:
+        raise PlanError([f"weights need {weights / GiB:.2f} GiB but only "
+                         f"{usable / GiB:.2f} GiB is usable on {machine.name} "
+                         f"(memory {memory / GiB:.1f} GiB - headroom {headroom / GiB:.1f} GiB); "
+                         "pick a smaller or quantized model, or lower machine.headroom_gb"])
+    heads = int(cfg_dict.get("num_attention_heads") or max(1, (info.hidden_size or 64) // 64))
+    shape = Shape(weights=weights, parameters=max(1, info.parameters), per_token=max(1, per_tok),
+                  hidden=info.hidden_size or 0,
+                  intermediate=int(cfg_dict.get("intermediate_size") or
+                                   4 * (info.hidden_size or 0)),
+                  heads=heads, vocab=info.vocab_size, act_bytes=COMPUTE_BYTES.get(dtype, 4),
+                  trained=trained)
+    d = derive(facts, shape, Workload(srv.clients, srv.typical_context),
+               max_rows=rows_set, prefill_chunk=chunk_set, max_context=ctx_set,
+               trained_context=srv.max_context is None, kv_budget=kv_budget,
+               ram=ram_cap, prefill_rows=b.prefill_rows, serial=b.mode == "serial")
+    max_ctx, ram_cap = d.max_context, d.ram if ram_cap is None else ram_cap
+    if cfg.cache.kind == "auto":
+        derived_why["cache"] = (
+            "cache=none: batch=serial prefills every prompt from scratch" if b.mode == "serial"
+            else "cache=ram: prompts sharing a prefix (system prompt, earlier turns) reuse its "
+                 "KV; SSD stays opt-in (cache=tiered)")
+    derived_why.update(d.reasons)
+    if b.prefill_rows > d.max_rows:
+        problems.append(f"batch.prefill_rows={b.prefill_rows} must be in 1..batch.max_rows "
+                        f"({d.max_rows})")
+    resolve_kv(cfg.kv, info, dtype, here.backend, max_ctx, problems)
+    if trained and max_ctx > trained:
+        notes.append(f"server.max_context={max_ctx} exceeds the model's trained positions "
+                     f"({trained}); quality may degrade past them")
+    ceiling = (weights + d.activations + d.buffer_cache + d.kv_budget + d.copies + ram_cap)
+    mem = MemoryPlan(usable_bytes=usable, weights_bytes=weights, kv_budget_bytes=d.kv_budget,
+                     kv_and_cache_bytes=d.kv_budget + ram_cap,
                      kv_bytes_at_max_context=per_tok * max_ctx,
-                     rows_at_max_context=_rows_per_option(
-                         info, dtype, here.backend, cfg.kv, kv_budget or (
-                             usable - weights - ram_cap), max_ctx))
-    if mem.kv_and_cache_bytes > 0 >= mem.kv_budget_bytes:
+                     rows_at_max_context=_rows_per_option(  # live KV and its copy
+                         info, dtype, here.backend, cfg.kv, kv_budget or max(
+                             0, usable - weights - d.activations - d.buffer_cache
+                             - d.hit_copy) // 2, max_ctx),
+                     activations_bytes=d.activations, buffer_cache_bytes=d.buffer_cache,
+                     copies_bytes=d.copies, ram_bytes=ram_cap, ceiling_bytes=ceiling)
+    left = usable - ceiling  # < 0: the parts do not fit; say which knob to lower
+    fixed = weights + d.activations + d.buffer_cache + d.hit_copy
+    if ctx_set is not None and 3 * per_tok * max_ctx > usable - fixed + d.hit_copy:
+        need = 3 * per_tok * max_ctx / GiB
+        problems.append(f"server.max_context={max_ctx} needs {need:.2f} GiB of KV (the row, "
+                        f"its copy on a hit, its rebuild copy) but only "
+                        f"{(usable - fixed + d.hit_copy) / GiB:.2f} GiB is left after the "
+                        "weights and activations; lower server.max_context")
+    elif kv_budget is not None and left < 0 and kv_budget > (usable - fixed - ram_cap) // 2:
+        problems.append(f"batch.kv_budget={b.kv_budget} is more than the "
+                        f"{max(0, usable - fixed - ram_cap) // 2:,} bytes left (with its copies) "
+                        "after the weights, activations and the RAM tier; lower it or use auto")
+    elif left < 0 and cfg.cache.ram.bytes != "auto" and cache_kind in ("ram", "tiered"):
         problems.append(f"cache.ram.bytes={cfg.cache.ram.bytes} leaves no memory for live KV "
-                        f"({mem.kv_and_cache_bytes / GiB:.2f} GiB after the weights); lower it")
-    elif mem.kv_budget_bytes <= 0:
-        problems.append(f"weights need {weights / GiB:.2f} GiB but only "
-                        f"{usable / GiB:.2f} GiB is usable on {machine.name} "
-                        f"(memory {memory / GiB:.1f} GiB - headroom {headroom / GiB:.1f} GiB); "
-                        "pick a smaller or quantized model, or lower machine.headroom_gb")
-    elif kv_budget is not None and kv_budget > mem.kv_budget_bytes:
-        problems.append(f"batch.kv_budget={b.kv_budget} is more than the {mem.kv_budget_bytes:,}"
-                        " bytes left after the weights and headroom; lower it or use auto")
-    elif mem.kv_bytes_at_max_context > mem.kv_budget_bytes:
-        need = mem.kv_bytes_at_max_context / GiB
-        problems.append(f"server.max_context={max_ctx} needs {need:.2f} GiB of KV but only "
-                        f"{mem.kv_budget_bytes / GiB:.2f} GiB is left after the weights; "
-                        "lower server.max_context")
+                        f"({(usable - fixed - 2 * d.kv_budget) / GiB:.2f} GiB after the weights, "
+                        "live KV and its copies); lower it")
+    elif left < 0:
+        problems.append(f"the plan needs {ceiling / GiB:.2f} GiB (weights {weights / GiB:.2f}, "
+                        f"live KV {d.kv_budget / GiB:.2f} and its copies {d.copies / GiB:.2f}, "
+                        f"activations {d.activations / GiB:.2f}, MLX buffer cache "
+                        f"{d.buffer_cache / GiB:.2f}) but {usable / GiB:.2f} GiB is usable; "
+                        "lower batch.max_rows, server.max_context or batch.prefill_chunk")
     if problems:
         raise PlanError(problems)
-
     server = ServerPlan(host=srv.host, port=srv.port, api_key=api_key or None,
                         max_context=max_ctx,
                         default_max_tokens=srv.default_max_tokens,
                         default_temperature=srv.default_temperature,
                         default_top_p=srv.default_top_p, log_level=srv.log_level,
-                        drain_seconds=float(srv.drain_seconds))
+                        drain_seconds=float(srv.drain_seconds), clients=srv.clients,
+                        typical_context=srv.typical_context)
     kinds = dict.fromkeys(info.layer_kinds)
     unbatchable = [k for k in kinds if k not in PLACEMENT]
     if b.mode == "continuous" and unbatchable:
@@ -300,16 +390,16 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                 else "unbatched, always")
     if draft.kind != "none":
         lone_row = "in the batched step, as a batch of one (where it speculates)"
-    batch = BatchPlan(mode=b.mode, max_rows=b.max_rows, prefill_chunk=b.prefill_chunk,
+    batch = BatchPlan(mode=b.mode, max_rows=d.max_rows, prefill_chunk=d.prefill_chunk,
                       prefill_rows=b.prefill_rows,
-                      kv_budget_bytes=kv_budget or mem.kv_budget_bytes, max_queue=b.max_queue,
+                      kv_budget_bytes=d.kv_budget, max_queue=b.max_queue,
                       placement=placement, lone_row=lone_row)
     return ExecutionPlan(
         model=model, kv=kv, draft=draft, batch=batch,
-        cache=CachePlan(kind=cfg.cache.kind, ram_bytes=ram_cap, ssd_bytes=ssd_cap,
+        cache=CachePlan(kind=cache_kind, ram_bytes=ram_cap, ssd_bytes=ssd_cap,
                         ssd_path=str(Path(cfg.cache.ssd.path).expanduser()) if ssd_cap else None),
         server=server,
         machine=machine, memory=mem,
-        profiles=tuple(profiles), notes=tuple(notes),
+        profiles=tuple(profiles), notes=tuple(notes), derived=derived_why,
         fingerprint=fingerprint(model, kv, draft),
     )

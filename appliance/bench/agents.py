@@ -1,0 +1,214 @@
+"""bench=agents: N coding agents, each a growing conversation, against this plan and mlx_lm.server.
+
+Every agent shares one long system prompt. Turn 0 sends its task; each later turn, after a
+seeded think time, appends the assistant's streamed reply and a tool output (held-out
+stdlib source, as a file read or a test run returns) and sends the whole conversation
+again. So later turns are mostly a prefix the server has seen: the case a prefix cache is
+for. Tool outputs go as user messages, so no chat template needs a tool role. The target
+and the anchor (mlx_lm.server by default) run the same conversations one after the other in
+the same run; the ratios are target / anchor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from appliance.bench.client import (
+    TIMEOUT,
+    Endpoint,
+    arrival_offsets,
+    messages_body,
+    poll_active_rows,
+    stream_request,
+)
+from appliance.bench.stats import RequestResult
+from appliance.plan import ExecutionPlan
+
+ANCHORS = ("mlx_lm", "none")
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """The text every contender gets (the replies are each server's own)."""
+
+    system: str  # shared by every agent
+    warm_system: str  # as long, sharing nothing with `system`: warm-up primes no prefix
+    tasks: list[str]  # warm-up tasks first, then one per agent
+    tools: list[list[str]]  # [agent][turn - 1]: the tool output appended before turn t
+    think_s: list[list[float]]  # [agent][turn - 1]: the pause before turn t
+
+
+def conversations(tokenizer, cfg) -> Conversations:
+    """Deterministic in cfg.seed: corpus slices for prompts, held-out source for tools."""
+    from appliance.bench.prompts import corpus_tokens, heldout_tokens
+
+    n_tasks = cfg.warmup + cfg.agents
+    ids = corpus_tokens(tokenizer, 2 * cfg.system_tokens + n_tasks * cfg.user_tokens)
+    s = cfg.system_tokens
+    tasks = [f"Task {k}: find and fix the bug in this code.\n"
+             + tokenizer.decode(ids[2 * s + k * cfg.user_tokens:2 * s + (k + 1) * cfg.user_tokens])
+             for k in range(n_tasks)]
+    later = cfg.turns - 1
+    tool_ids = heldout_tokens(tokenizer, cfg.agents * later * cfg.tool_tokens)
+    n = cfg.tool_tokens
+    tools = [[f"[tool output, step {t + 1}]\n"
+              + tokenizer.decode(tool_ids[(a * later + t) * n:(a * later + t + 1) * n])
+              for t in range(later)] for a in range(cfg.agents)]
+    # one generator per agent: its pauses do not depend on how fast the others went
+    rngs = [random.Random(f"{cfg.seed}:{a}") for a in range(cfg.agents)]
+    think = [[rngs[a].uniform(0.0, 2.0 * cfg.think_s) for _ in range(later)]
+             for a in range(cfg.agents)]
+    return Conversations("You are a coding agent in a team of agents. Project notes follow.\n"
+                         + tokenizer.decode(ids[:s]), tokenizer.decode(ids[s:2 * s]),
+                         tasks, tools, think)
+
+
+async def _agents(ep: Endpoint, conv: Conversations, cfg, advance):
+    limits = httpx.Limits(max_connections=cfg.agents + 4)
+    path = "/v1/chat/completions"
+    async with httpx.AsyncClient(base_url=ep.url, timeout=TIMEOUT, limits=limits) as http:
+        for k in range(cfg.warmup):  # untimed, one after another (JIT, first allocations)
+            msgs = [{"role": "system", "content": conv.warm_system},
+                    {"role": "user", "content": conv.tasks[k]}]
+            w = await stream_request(http, path, messages_body(ep, msgs, cfg.max_tokens),
+                                     RequestResult(-1, k, 0.0))
+            if w.error:
+                raise RuntimeError(f"warm-up request failed: {w.error}")
+        offsets = arrival_offsets(cfg.agents, cfg.stagger_s, cfg.jitter_s, cfg.seed)
+        stop = asyncio.Event()
+        poller = asyncio.ensure_future(poll_active_rows(http, stop) if ep.poll_stats
+                                       else asyncio.sleep(0, result="n/a"))
+        abandoned = 0
+
+        async def agent(a: int, t_start: float) -> list[RequestResult]:
+            nonlocal abandoned
+            await asyncio.sleep(max(0.0, t_start - time.perf_counter()))
+            msgs = [{"role": "system", "content": conv.system},
+                    {"role": "user", "content": conv.tasks[cfg.warmup + a]}]
+            out: list[RequestResult] = []
+            for t in range(cfg.turns):
+                if t:
+                    await asyncio.sleep(conv.think_s[a][t - 1])
+                    msgs += [{"role": "assistant", "content": out[-1].text},
+                             {"role": "user", "content": conv.tools[a][t - 1]}]
+                r = await stream_request(http, path, messages_body(ep, msgs, cfg.max_tokens),
+                                         RequestResult(a, t, 0.0))
+                out.append(r)
+                advance()
+                if not r.ok:  # its reply is unknown: the conversation cannot go on
+                    abandoned += cfg.turns - t - 1
+                    for _ in range(cfg.turns - t - 1):
+                        advance()
+                    break
+            return out
+
+        t0 = time.perf_counter()
+        per_agent = await asyncio.gather(*(agent(a, t0 + off) for a, off in enumerate(offsets)))
+        stop.set()
+        admitted = await poller
+    return [r for rs in per_agent for r in rs], admitted, t0, abandoned
+
+
+def run_agents(ep: Endpoint, conv: Conversations, cfg, advance=lambda: None):
+    """Warm up, then every agent's conversation; (results, admitted rows, t0, abandoned)."""
+    return asyncio.run(_agents(ep, conv, cfg, advance))
+
+
+def _contender(kind: str, plan: ExecutionPlan, cfg, path: Path, conv: Conversations,
+               bias: dict, outdir: Path, overrides: list[str]) -> dict:
+    from appliance.bench import targets
+    from appliance.bench.progress import bar
+    from appliance.bench.stats import request_record, summarize_agents
+
+    with targets.started(kind, plan, cfg, path, outdir, overrides, bias) as (info, ep):
+        with bar(f"agents -> {kind}", cfg.agents * cfg.turns, cfg.progress) as advance:
+            results, admitted, t0, abandoned = run_agents(ep, conv, cfg, advance)
+    return {"target": info, "summary": summarize_agents(results, admitted, abandoned),
+            "requests": [request_record(r, t0) for r in results]}
+
+
+RATIO_KEYS = ("aggregate_tok_s", "ttft_ms_p50", "ttft_ms_p95", "ttft_ms_first_p95",
+              "ttft_ms_later_p95")
+
+
+def ratios(mine: dict, anchor: dict) -> dict:
+    """target / anchor for each headline number (None where either is missing or zero)."""
+    return {k: round(mine[k] / anchor[k], 3) if mine.get(k) and anchor.get(k) else None
+            for k in RATIO_KEYS}
+
+
+def run_bench(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir: Path,
+              overrides: list[str]) -> dict:
+    """The target, then the anchor (unless none or the target itself), on one workload."""
+    from appliance.bench.prompts import eos_bias
+
+    conv = conversations(tokenizer, cfg)
+    bias = eos_bias(tokenizer)
+    out = _contender(kind, plan, cfg, path, conv, bias, outdir, overrides)
+    out["anchor"], out["ratios"] = None, None
+    if cfg.anchor != "none" and cfg.anchor != kind:
+        out["anchor"] = _contender(cfg.anchor, plan, cfg, path, conv, bias, outdir, overrides)
+        out["ratios"] = ratios(out["summary"], out["anchor"]["summary"])
+    return out
+
+
+def _ms_pair(s: dict, which: str) -> str:
+    from appliance.bench.report import _fmt
+
+    return f"{_fmt(s[f'ttft_ms_{which}_p50'], 0)} / {_fmt(s[f'ttft_ms_{which}_p95'], 0)}"
+
+
+def agents_text(doc: dict) -> str:
+    from appliance.bench.report import _fmt, _heading, _table
+
+    c = doc["label"]["bench"]
+    settings = (f"agents={c['agents']} turns={c['turns']} system={c['system_tokens']} "
+                f"task={c['user_tokens']} tool={c['tool_tokens']} max_tokens={c['max_tokens']} "
+                f"think~U(0,{2 * c['think_s']:g})s stagger={c['stagger_s']}s "
+                f"warmup={c['warmup']} seed={c['seed']}")
+    header = ["contender", "requests", "errors", "agg tok/s", "TTFT p50 ms", "TTFT p95 ms",
+              "first turn p50/p95 ms", "later turns p50/p95 ms", "cache hit", "admitted rows",
+              "wall s"]
+    rows = []
+    for part in filter(None, [doc, doc.get("anchor")]):
+        s = part["summary"]
+        rows.append([part["target"]["kind"], _fmt(s["requests"]), _fmt(s["errors"]),
+                     _fmt(s["aggregate_tok_s"]), _fmt(s["ttft_ms_p50"], 0),
+                     _fmt(s["ttft_ms_p95"], 0), _ms_pair(s, "first"), _ms_pair(s, "later"),
+                     _fmt(s["cache_hit_ratio"], 3), _fmt(s["admitted_rows"]),
+                     _fmt(s["wall_s"], 2)])
+    if r := doc.get("ratios"):
+        def x(k: str) -> str:
+            return "-" if r[k] is None else f"{r[k]:.2f}x"
+
+        rows.append([f"{doc['target']['kind']} / {doc['anchor']['target']['kind']}", "", "",
+                     x("aggregate_tok_s"), x("ttft_ms_p50"), x("ttft_ms_p95"),
+                     f"p95 {x('ttft_ms_first_p95')}", f"p95 {x('ttft_ms_later_p95')}", "", "",
+                     ""])
+    errors = [e for part in filter(None, [doc, doc.get("anchor")])
+              for e in part["summary"]["error_samples"]]
+    lines = [_heading(doc), f"# {settings}", _table(header, rows)]
+    return "\n".join(lines + [f"# error: {e}" for e in errors])
+
+
+def agents_line(doc: dict, path: Path) -> str:
+    from appliance.bench.report import _batch, _fmt
+
+    s, b = doc["summary"], _batch(doc)
+    line = (f"BENCH agents target={doc['target']['kind']} batch={b['mode']} "
+            f"rows={b['max_rows']} chunk={b['prefill_chunk']} cache={doc['label']['cache']} "
+            f"dtype={doc['label']['model']['dtype']} | agg={_fmt(s['aggregate_tok_s'])}tok/s "
+            f"ttft_p50={_fmt(s['ttft_ms_p50'])}ms ttft_p95={_fmt(s['ttft_ms_p95'])}ms "
+            f"first_p95={_fmt(s['ttft_ms_first_p95'])}ms "
+            f"later_p95={_fmt(s['ttft_ms_later_p95'])}ms hit={_fmt(s['cache_hit_ratio'], 3)} "
+            f"errors={s['errors']}/{s['requests']}")
+    if r := doc.get("ratios"):
+        line += (f" | vs {doc['anchor']['target']['kind']}: agg x{_fmt(r['aggregate_tok_s'], 2)}"
+                 f" ttft_p95 x{_fmt(r['ttft_ms_p95'], 2)}")
+    return f"{line} | {path}"

@@ -1,0 +1,250 @@
+"""The `auto` knobs: derived from the machine's facts and the workload, each with its reason.
+
+One memory account, every part named (docs/memory.md explains each):
+
+    usable = memory - headroom
+           >= weights + activations + buffer_cache + hit_copy   (fixed, whatever the load)
+              + kv_budget                                       (live KV, admission keeps it)
+              + kv_budget                                       (copies: a row joining or
+                                                                 leaving rebuilds the batch's
+                                                                 buffers while the old live)
+              + ram                                             (RAM tier, SSD-writer copies)
+
+Then the knobs, in order (each explicit value wins and is only checked):
+- prefill_chunk: 2048 on a GPU (mlx-lm's prefill step; big matmuls keep it busy), 512 on a
+  CPU (compute-bound already; a smaller chunk stalls running rows less), halved while its
+  activations would take more than 2% of usable memory;
+- max_context: the model's trained positions, capped so one row and its copy fit;
+- max_rows: the fewest of three bounds: the workload's clients, the rows whose typical
+  contexts (and their copies) fit in KV_SHARE of the room, and the rows up to which batched
+  decode stays bandwidth-bound (a weight byte read once serves that many rows' FLOPs);
+- kv_budget: max_rows typical contexts, or one max_context row if larger;
+- cache.ram.bytes: RAM_SHARE of what is left; the rest absorbs what no account sees
+  (allocator fragmentation, the OS).
+Pure arithmetic: no MLX, unit-tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from appliance.plan.machine import (
+    DEFAULT_BANDWIDTH,
+    DEFAULT_CUDA_TFLOPS,
+    TFLOPS_PER_CORE,
+    known_facts,
+)
+from appliance.plan.sizes import format_size
+
+KV_SHARE = 0.5  # at most this share of the room goes to live KV (and its copies)
+RAM_SHARE = 0.5  # the RAM tier takes this share of what live KV leaves
+ACTIVATION_SHARE = 0.02  # prefill activations may take this share of usable memory
+MIN_BUFFER_CACHE = 64 << 20  # MLX keeps at least this much of freed buffers for reuse
+MAX_ROWS = 64
+GPU_CHUNK, CPU_CHUNK = 2048, 512
+# mlx-lm's KV buffers grow 256 tokens at a time past wherever the last write ended: a row's
+# buffers may hold up to two steps beyond its tokens (admission counts tokens exactly)
+GROWTH_TOKENS = 2 * 256
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What derivation reads of the machine (stated by a profile, or detected)."""
+
+    backend: str  # the backend the facts describe: metal | cuda | cpu
+    usable: int  # memory - headroom
+    bandwidth_gbs: float
+    tflops: float
+    sources: str  # where bandwidth and tflops came from (profile, data sheet, default)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model's arithmetic."""
+
+    weights: int  # resident bytes (draft included)
+    parameters: int
+    per_token: int  # KV bytes per token, as stored (draft included)
+    hidden: int
+    intermediate: int
+    heads: int  # attention (query) heads
+    vocab: int
+    act_bytes: int  # bytes per activation element (the compute dtype)
+    trained: int | None  # max_position_embeddings
+
+
+@dataclass(frozen=True)
+class Workload:
+    clients: int
+    typical_context: int
+
+
+@dataclass(frozen=True)
+class Derived:
+    max_rows: int
+    prefill_chunk: int
+    max_context: int
+    kv_budget: int
+    ram: int
+    activations: int
+    buffer_cache: int
+    hit_copy: int
+    copies: int
+    reasons: dict[str, str]
+
+
+def machine_facts(mach, here, usable: int) -> Facts:
+    """The machine facts the auto knobs read: a profile's, else KNOWN's, else defaults.
+    A profile describing another machine (e.g. an Apple chip, planned on Linux) is planned
+    as that machine: its backend (metal) is KNOWN's, or metal for any Apple chip."""
+    stated = bool(mach.chip) and mach.chip != here.chip
+    known = known_facts(mach.chip or here.chip)
+    backend = here.backend
+    if stated and known:
+        backend = known[0]
+    elif stated and "apple" in mach.chip.lower():
+        backend = "metal"
+    src = []
+    if mach.bandwidth_gbs:
+        bw = float(mach.bandwidth_gbs)
+    elif known:
+        bw = known[1]
+        src.append("bandwidth from the data sheet")
+    else:
+        bw = DEFAULT_BANDWIDTH[backend]
+        src.append(f"bandwidth {bw:g} GB/s assumed for {backend}; state machine.bandwidth_gbs")
+    if mach.tflops:
+        tf = float(mach.tflops)
+    elif known:
+        tf = known[2]
+    elif backend == "cuda":
+        tf = DEFAULT_CUDA_TFLOPS
+        src.append(f"{tf:g} TFLOPs assumed; state machine.tflops")
+    else:
+        cores = mach.gpu_cores if backend == "metal" and mach.gpu_cores else here.cpu_cores
+        tf = cores * TFLOPS_PER_CORE[backend]
+        src.append(f"{tf:g} TFLOPs from {cores} {'GPU' if backend == 'metal' else 'CPU'} cores")
+    return Facts(backend=backend, usable=usable, bandwidth_gbs=bw, tflops=tf,
+                 sources="; ".join(src))
+
+
+def activations(s: Shape, chunk: int, rows: int, prefill_rows: int, context: int,
+                backend: str) -> int:
+    """Peak transient bytes of one step: a prefill chunk's layer activations (residual, the
+    normed input, q/k/v, the MLP's gate, up and product), plus, on CPU where MLX's attention
+    is not fused, the chunk's score and softmax matrices against `context` keys; and the
+    decode step's logits (float32 logits, log-probabilities, sampling) for `rows`."""
+    per_token = 3 * s.hidden + 2 * s.heads * (s.hidden // max(1, s.heads)) + 3 * s.intermediate
+    prefill = prefill_rows * chunk * per_token * s.act_bytes
+    if backend == "cpu":
+        prefill += 2 * prefill_rows * s.heads * chunk * (context + chunk) * s.act_bytes
+    decode = rows * 3 * s.vocab * 4
+    return prefill + decode
+
+
+def ridge_rows(f: Facts, s: Shape) -> float:
+    """Rows up to which batched decode is bandwidth-bound: each step reads every weight byte
+    once and does 2 FLOPs per parameter per row, so rows stay nearly free until
+    rows * 2 * parameters / FLOPs reaches weights / bandwidth."""
+    return (f.tflops * 1e12) * (s.weights / max(1, s.parameters)) / (2 * f.bandwidth_gbs * 1e9)
+
+
+def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chunk: int | None,
+           max_context: int | None, trained_context: bool, kv_budget: int | None,
+           ram: int | None, prefill_rows: int, serial: bool) -> Derived:
+    """The knobs given as None are derived; the others are taken as given."""
+    why: dict[str, str] = {}
+    gib = format_size
+    free = f.usable - s.weights  # what live KV, copies, the RAM tier and transients share
+    trained = s.trained or 4096
+    rows_hint = max_rows or min(w.clients, MAX_ROWS)
+
+    if prefill_chunk is None:
+        chunk = CPU_CHUNK if f.backend == "cpu" else GPU_CHUNK
+        base = chunk
+        while chunk > 128 and activations(s, chunk, rows_hint, prefill_rows,
+                                          max_context or trained,
+                                          f.backend) > ACTIVATION_SHARE * f.usable:
+            chunk //= 2
+        why["batch.prefill_chunk"] = (
+            f"prefill_chunk={chunk}: " + ("on a GPU, mlx-lm's prefill step keeps its matmuls "
+                                          "large" if f.backend != "cpu" else
+                                          "on CPU prefill is compute-bound at small chunks, and "
+                                          "a smaller chunk stalls running rows less")
+            + (f"; halved from {base} to keep activations under "
+               f"{ACTIVATION_SHARE:.0%} of usable memory" if chunk < base else ""))
+    else:
+        chunk = prefill_chunk
+
+    def fixed(ctx: int, rows: int) -> tuple[int, int, int]:
+        act = activations(s, chunk, rows, prefill_rows, ctx, f.backend)
+        return act, max(MIN_BUFFER_CACHE, act), ctx * s.per_token  # act, cache, hit copy
+
+    if max_context is None:
+        if trained_context:  # server.max_context=null: the trained positions, unchecked here
+            ctx = trained
+            why["server.max_context"] = f"max_context={ctx}: the model's trained positions"
+        else:
+            # one row at ctx, its rebuild copy and a hit's copy: 3 * ctx * per_token
+            act, cache, _ = fixed(trained, 1)
+            cap = max(0, int(KV_SHARE * (free - act - cache)) // (3 * s.per_token))
+            ctx = max(256, min(trained, cap // 256 * 256))
+            why["server.max_context"] = (
+                f"max_context={ctx}: the model's trained positions ({trained})"
+                + (f", capped so one row, its copy on a hit and its rebuild copy fit in "
+                   f"{KV_SHARE:.0%} of the {gib(free)} left after the weights" if ctx < trained
+                   else f"; one such row and its copies ({gib(3 * ctx * s.per_token)}) fit "
+                        f"easily in the {gib(free)} left after the weights"))
+    else:
+        ctx = max_context
+    typical = min(w.typical_context, ctx)
+    act, cache, hit = fixed(ctx, rows_hint)
+    room = free - act - cache - hit
+
+    if max_rows is None:
+        by_mem = int(KV_SHARE * room) // max(1, 2 * s.per_token * typical)
+        ridge = ridge_rows(f, s)
+        rows = max(1, min(w.clients, by_mem, int(ridge), MAX_ROWS))
+        limits = [(w.clients, f"the workload's {w.clients} clients"),
+                  (by_mem, f"memory: {by_mem} contexts of {typical} tokens "
+                           f"({gib(s.per_token * typical)} each, twice with its copy) fit in "
+                           f"{KV_SHARE:.0%} of the {gib(room)} room"),
+                  (int(ridge), f"compute: decode stops being bandwidth-bound at ~{ridge:.0f} "
+                               f"rows ({f.tflops:g} TFLOPs / {f.bandwidth_gbs:g} GB/s at "
+                               f"{s.weights / s.parameters:.2f} bytes per parameter)"),
+                  (MAX_ROWS, f"the cap of {MAX_ROWS}")]
+        limits.sort(key=lambda x: x[0])
+        why["batch.max_rows"] = (
+            f"max_rows={rows}: set by {limits[0][1]}; then "
+            + "; ".join(text for _, text in limits[1:])
+            + (f" ({f.sources})" if f.sources else ""))
+    else:
+        rows = max_rows
+    if serial:
+        rows = 1
+    act, cache, hit = fixed(ctx, rows)  # now for the rows decided
+
+    if kv_budget is None:
+        budget = s.per_token * max(rows * typical, ctx)
+        why["batch.kv_budget"] = (
+            f"kv_budget={gib(budget)}: " + (f"{rows} rows of {typical} tokens"
+                                            if rows * typical >= ctx else
+                                            f"one row of max_context={ctx} tokens")
+            + f" at {s.per_token:,} bytes per token; admission queues beyond it")
+    else:
+        budget = kv_budget
+    # the batch rebuilt on a join or leave, a hit's copy, buffers' growth steps past tokens
+    copies = budget + hit + rows * GROWTH_TOKENS * s.per_token
+
+    if ram is None:
+        left = free - act - cache - budget - copies
+        size = max(0, int(RAM_SHARE * left))
+        why["cache.ram.bytes"] = (
+            f"ram={gib(size)}: {RAM_SHARE:.0%} of the {gib(max(0, left))} left after the weights,"
+            f" live KV and its copies, activations and MLX's buffer cache; the rest absorbs "
+            "what no account sees (fragmentation, the OS)")
+    else:
+        size = ram
+    return Derived(max_rows=rows, prefill_chunk=chunk, max_context=ctx, kv_budget=budget,
+                   ram=size, activations=act, buffer_cache=cache, hit_copy=hit, copies=copies,
+                   reasons=why)

@@ -1,0 +1,155 @@
+"""bench=agents: the conversations, the arithmetic, a tiny run against the appliance and
+mlx_lm.server, and Ctrl-C stopping the servers. Speed is never asserted."""
+
+from __future__ import annotations
+
+import glob
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance.bench.stats import RequestResult, summarize_agents
+from appliance.config.schema import BenchConfig
+
+TINY = dict(workload="agents", agents=2, turns=2, max_tokens=4, system_tokens=64,
+            user_tokens=16, tool_tokens=32, think_s=0.02, stagger_s=0.02, jitter_s=0.0,
+            warmup=0)
+CPU = ["model.dtype=float32"]  # bf16 matmuls are slow on CPU
+
+
+def test_conversations_are_seeded_and_distinct():
+    from conftest import resolve_overrides
+
+    from appliance.bench.agents import conversations
+    from appliance.bench.prompts import load_tokenizer, model_dir
+
+    tok = load_tokenizer(model_dir(resolve_overrides(CPU)))
+    cfg = BenchConfig(**{**TINY, "agents": 3, "turns": 3, "warmup": 1, "think_s": 0.5})
+    a, b = conversations(tok, cfg), conversations(tok, cfg)
+    assert a == b  # same seed, same text and pauses
+    assert len(a.tasks) == 4 and len(set(a.tasks)) == 4  # warm-up + one per agent
+    assert [len(t) for t in a.tools] == [2, 2, 2]
+    assert len({t for ts in a.tools for t in ts}) == 6  # no two tool outputs alike
+    assert a.warm_system != a.system and not a.system.startswith(a.warm_system[:40])
+    assert all(0 <= s <= 1.0 for ts in a.think_s for s in ts)
+    other = conversations(tok, BenchConfig(**{**TINY, "agents": 3, "turns": 3, "warmup": 1,
+                                              "think_s": 0.5, "seed": 1}))
+    assert other.think_s != a.think_s and other.system == a.system
+
+
+def test_summarize_agents_on_fixed_requests():
+    def req(agent, turn, start, first, end, prompt, cached, error=None):
+        return RequestResult(agent, turn, start, first, end, end, 5, prompt, cached, True, error)
+
+    rs = [req(0, 0, 0.0, 1.0, 2.0, 100, 0), req(1, 0, 0.0, 3.0, 4.0, 100, 60),
+          req(0, 1, 2.5, 2.6, 3.0, 300, 200), req(1, 1, 4.0, 4.2, 5.0, 300, 240),
+          RequestResult(2, 0, 0.0, error="HTTP 503: busy")]
+    s = summarize_agents(rs, admitted_rows=2, abandoned=1)
+    assert (s["requests"], s["errors"], s["abandoned"]) == (5, 1, 1)
+    assert s["ttft_ms_first_p50"] == pytest.approx(2000.0)
+    assert s["ttft_ms_first_p95"] == pytest.approx(2900.0)
+    assert s["ttft_ms_later_p50"] == pytest.approx(150.0)
+    assert s["cache_hit_ratio"] == pytest.approx(500 / 800, abs=1e-3)
+    assert s["aggregate_tok_s"] == pytest.approx(20 / 5.0)
+    assert s["error_samples"] == ["HTTP 503: busy"]
+
+
+def test_agents_against_self_and_mlx_lm(tmp_path):
+    """Both contenders in one run, on the same conversations; later turns carry the reply
+    and a tool output, so they are longer and mostly served from the prefix cache. The
+    SSD tier's directory is fresh for the run and removed at its end."""
+    from conftest import resolve_overrides
+
+    from appliance.bench import run
+
+    overrides = [*CPU, "cache=tiered"]
+    plan = resolve_overrides(overrides)
+    doc = run(plan, BenchConfig(**TINY), tmp_path, tuple(overrides))
+    assert doc["workload"] == "agents" and doc["overrides"] == overrides
+    assert doc["target"]["kind"] == "self" and doc["anchor"]["target"]["kind"] == "mlx_lm"
+    ssd = Path(doc["target"]["ssd_path"])
+    assert ssd.parent == tmp_path and not ssd.exists()  # made for the run, then removed
+    for part in (doc, doc["anchor"]):
+        s, reqs = part["summary"], part["requests"]
+        assert (s["requests"], s["errors"], s["abandoned"]) == (4, 0, 0), s["error_samples"]
+        assert sorted((r["client"], r["turn"]) for r in reqs) == [(0, 0), (0, 1), (1, 0),
+                                                                 (1, 1)]
+        assert all(r["completion_tokens"] == 4 for r in reqs)  # EOS banned
+        by = {(r["client"], r["turn"]): r for r in reqs}
+        for a in (0, 1):  # the reply and a tool output were appended
+            assert by[a, 1]["prompt_tokens"] > by[a, 0]["prompt_tokens"] + 32
+            assert by[a, 1]["start_s"] > by[a, 0]["end_s"]
+        assert s["ttft_ms_first_p95"] > 0 and s["ttft_ms_later_p95"] > 0
+        assert 0 < s["cache_hit_ratio"] < 1  # both servers reuse the shared prefix
+    later = [r for r in doc["requests"] if r["turn"] == 1]
+    assert all(r["cached_tokens"] >= 64 for r in later)  # at least the system prompt
+    assert set(doc["ratios"]) >= {"aggregate_tok_s", "ttft_ms_p95"}
+    assert all(v > 0 for v in doc["ratios"].values())
+    on_disk = json.loads((tmp_path / "bench.json").read_text())
+    assert on_disk["label"]["bench"]["agents"] == 2 and on_disk["ratios"] == doc["ratios"]
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for f in glob.glob(f"/proc/{pid}/task/*/children"):
+        kids += [int(k) for k in Path(f).read_text().split()]
+    return kids
+
+
+def _server_port(pid: int) -> int | None:
+    """The port a server child of the bench was told to listen on (None: another child)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return None
+    for i, a in enumerate(argv):
+        if a.startswith("server.port="):
+            return int(a.split("=", 1)[1])
+        if a == "--port":
+            return int(argv[i + 1])
+    return None
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("target", ["self", "mlx_lm"])
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_the_server(tmp_path, target):
+    """SIGINT in the middle of a long bench: the server it started is gone, its port is
+    free, its SSD directory is removed, and the bench exits 130."""
+    cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "bench=agents", *CPU,
+           "cache=tiered", f"bench.target={target}", "bench.anchor=none", "bench.agents=2",
+           "bench.turns=100", "bench.max_tokens=32", "bench.system_tokens=64",
+           "bench.tool_tokens=32", "bench.warmup=0"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = port = None
+    try:
+        deadline = time.time() + 120
+        while port is None or not _listening(port):
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+            assert time.time() < deadline, "the bench did not start its server"
+            for kid in _children(proc.pid):
+                if (p := _server_port(kid)) is not None:
+                    server, port = kid, p
+            time.sleep(0.2)
+        time.sleep(2.0)  # in the middle of the conversations
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not Path(f"/proc/{server}").exists()  # stopped and reaped, not orphaned
+    assert not _listening(port)
+    assert not glob.glob(str(tmp_path / "bench/*/ssd"))

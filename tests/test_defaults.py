@@ -1,0 +1,132 @@
+"""Defaults that serve: the auto knobs are derived from the machine and the workload, each
+with its reason; explicit values win; a default-config server still equals mlx-lm."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+from conftest import app_for, resolve_overrides
+
+from appliance.plan.derive import Facts, Shape, Workload, derive, ridge_rows
+
+GiB = 1024**3
+KNOBS = ("batch.max_rows", "batch.prefill_chunk", "batch.kv_budget", "cache.ram.bytes",
+         "server.max_context")
+LLAMA_1B = ["model=synthetic", "model.shape=llama-3.2-1b"]
+LLAMA_8B_4BIT = ["model=synthetic", "model.shape=llama-3-8b", "model.bits=4"]
+H200 = ["machine.name=h200", "machine.chip=NVIDIA H200", "machine.memory_gb=139.7"]
+LINUX_CPU = platform.system() == "Linux"
+
+
+def test_a_plain_appliance_has_a_ram_prefix_cache_sized_from_the_machine():
+    plan = resolve_overrides([])
+    assert plan.cache.kind == "ram" and plan.cache.ram_bytes > 0 and plan.cache.ssd_bytes == 0
+    assert plan.derived["cache"].startswith("cache=ram")
+    for knob in KNOBS:  # every auto knob says what it became and why
+        assert knob in plan.derived and ": " in plan.derived[knob]
+    mem = plan.memory
+    assert mem.ram_bytes == plan.cache.ram_bytes
+    assert mem.ceiling_bytes <= mem.usable_bytes
+    assert "derived:" in plan.to_yaml() and plan.to_dict()["derived"] == plan.derived
+
+
+def test_ssd_stays_opt_in():
+    assert resolve_overrides([]).cache.ssd_bytes == 0
+    assert resolve_overrides(["+profile=agent-fleet"]).cache.kind == "tiered"
+    serial = resolve_overrides(["batch=serial"])  # prefills from scratch: no cache
+    assert serial.cache.kind == "none" and serial.derived["cache"].startswith("cache=none")
+
+
+def test_explicit_values_win():
+    plan = resolve_overrides(["batch.max_rows=3", "batch.prefill_chunk=64",
+                              "batch.kv_budget=64MiB", "cache.ram.bytes=100MiB",
+                              "server.max_context=1024", "model.dtype=bfloat16"])
+    assert (plan.batch.max_rows, plan.batch.prefill_chunk) == (3, 64)
+    assert plan.batch.kv_budget_bytes == 64 * 1024**2 and plan.cache.ram_bytes == 100 * 1024**2
+    assert plan.server.max_context == 1024 and plan.model.dtype == "bfloat16"
+    assert not set(KNOBS) & set(plan.derived) and "model.dtype" not in plan.derived
+
+
+@pytest.mark.skipif(not LINUX_CPU, reason="the float32 default is Linux CPU's")
+def test_linux_cpu_picks_float32_and_says_so():
+    plan = resolve_overrides([])
+    if plan.machine.backend != "cpu":
+        pytest.skip("MLX runs on an accelerator here")
+    assert plan.model.checkpoint_dtype == "bfloat16" and plan.model.dtype == "float32"
+    assert "float32" in plan.derived["model.dtype"] and "BLAS" in plan.derived["model.dtype"]
+    assert plan.batch.prefill_chunk == 512 and plan.batch.max_rows <= 8  # few rows on CPU
+
+
+def test_m1_max_and_m4_pro_resolve_to_different_plans():
+    for model in ([], LLAMA_8B_4BIT):
+        m1 = resolve_overrides([*model, "+profile=[m1-max,agent-fleet]"])
+        m4 = resolve_overrides([*model, "+profile=[m4-pro,agent-fleet]"])
+        assert m1.machine.planned_for == m4.machine.planned_for == "metal"
+        assert m1.cache.ram_bytes > m4.cache.ram_bytes  # 32 GB against 24 GB
+        assert m1.derived != m4.derived
+    # the 8B's 1 GiB contexts bind rows on both; the bigger Mac runs more
+    assert m1.batch.max_rows > m4.batch.max_rows >= 1
+    assert "memory" in m4.derived["batch.max_rows"].split(";")[0]
+
+
+def test_agent_fleet_on_an_h200_derives_what_won_there():
+    """The issue's evidence: 16 rows and a 32 GiB RAM tier beat 8 rows and 4 GiB."""
+    for model in (LLAMA_1B, LLAMA_8B_4BIT):
+        plan = resolve_overrides([*model, "+profile=agent-fleet", *H200,
+                                  "model.dtype=bfloat16"])
+        assert plan.machine.planned_for == "cuda"
+        assert plan.batch.max_rows == 16 and plan.batch.prefill_chunk == 2048
+        assert plan.cache.ram_bytes >= 32 * GiB
+        assert "16 clients" in plan.derived["batch.max_rows"]
+
+
+def test_rows_follow_bandwidth_against_compute():
+    s = Shape(weights=2 * 10**9, parameters=10**9, per_token=32768, hidden=2048,
+              intermediate=8192, heads=32, vocab=128256, act_bytes=2, trained=131072)
+    gpu = Facts("cuda", 100 * GiB, bandwidth_gbs=4800, tflops=989, sources="")
+    cpu = Facts("cpu", 100 * GiB, bandwidth_gbs=20, tflops=0.064, sources="")
+    assert ridge_rows(gpu, s) > 100 and ridge_rows(cpu, s) < 4
+    kw = dict(max_rows=None, prefill_chunk=None, max_context=None, trained_context=False,
+              kv_budget=None, ram=None, prefill_rows=1, serial=False)
+    big, small = (derive(f, s, Workload(16, 8192), **kw) for f in (gpu, cpu))
+    assert big.max_rows == 16 and small.max_rows == 3
+    assert big.prefill_chunk == 2048 and small.prefill_chunk <= 512
+    assert big.kv_budget == 16 * 8192 * 32768 or big.kv_budget == 131072 * 32768
+    # the parts fit what is usable, with the RAM tier a share of what is left
+    for d in (big, small):
+        total = s.weights + d.activations + d.buffer_cache + d.kv_budget + d.copies + d.ram
+        assert total <= 100 * GiB and d.ram > 0
+
+
+def test_mode_plan_prints_the_reasons():
+    import subprocess
+    import sys
+
+    out = {}
+    for name in ("m1-max", "m4-pro"):
+        r = subprocess.run([sys.executable, "-m", "appliance.cli", "mode=plan",
+                            f"+profile={name}"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "derived:" in r.stdout and "batch.max_rows: 'max_rows=" in r.stdout
+        out[name] = r.stdout
+    assert out["m1-max"] != out["m4-pro"]
+
+
+def test_a_default_config_server_equals_mlx_lm_at_its_dtype():
+    """No options: float32 on Linux CPU, a RAM prefix cache. Greedy tokens over HTTP equal
+    mlx-lm's generate_step at the same dtype, cold and again on a prefix-cache hit."""
+    import httpx
+
+    from appliance import oracle
+
+    with app_for([]) as (plan, engine, url):
+        model, tok = oracle.load(plan.model.path, plan.model.dtype)
+        text = open(__file__).read()[:1200]
+        want = tok.decode(oracle.generate(model, tok, tok.encode(text), 24, {}))
+        body = {"model": plan.model.id, "prompt": text, "max_tokens": 24}
+        for _ in range(2):  # the second is served from the RAM tier
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == want
+        assert engine.stats()["cache"]["ram"]["hits"] >= 1

@@ -1,0 +1,121 @@
+"""Sweeps that compare (the multirun report) and mode=tune (Optuna, then a profile).
+
+The report's layout is checked on fixed bench.json files; one tiny real multirun and one
+2-trial tune run go through the CLI as a person would. Speed is never asserted."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from appliance.bench.sweep import write_report
+from appliance.bench.tune import MARK, objective
+
+# a tiny agents workload on the embedded model in float32 (bf16 is slow on CPU)
+TINY = ["bench=agents", "bench.anchor=none", "model.dtype=float32", "bench.agents=2",
+        "bench.turns=2", "bench.max_tokens=4", "bench.system_tokens=64",
+        "bench.user_tokens=16", "bench.tool_tokens=32", "bench.think_s=0.02",
+        "bench.stagger_s=0.02", "bench.warmup=0"]
+
+
+def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "appliance.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _doc(overrides: list[str], agg: float, p95: float, errors: int = 0) -> dict:
+    label = {"date": "2026-11-30T12:00:00+00:00", "versions": {"mlx": "0", "mlx-lm": "0"},
+             "model": {"id": "m", "architecture": "qwen3", "parameters": 1, "dtype": "float32"},
+             "machine": {"chip": "cpu", "backend": "cpu", "platform": "linux"}}
+    return {"label": label, "workload": "agents", "overrides": overrides,
+            "target": {"kind": "self"},
+            "summary": {"aggregate_tok_s": agg, "ttft_ms_p50": p95 / 2, "ttft_ms_p95": p95,
+                        "errors": errors, "requests": 4, "cache_hit_ratio": 0.5},
+            "ratios": {"aggregate_tok_s": agg / 100, "ttft_ms_p95": 0.5}}
+
+
+def test_report_from_fixed_cells(tmp_path):
+    """Knobs that differ between cells become columns (in order), a failed cell is a row,
+    every swept knob gets a plot; sizes sort as sizes."""
+    cells = []
+    for i, (rows, ram, agg) in enumerate([(4, "1GiB", 50.0), (8, "1GiB", 70.0),
+                                          (4, "256MiB", 40.0), (8, "256MiB", 60.0)]):
+        ov = ["mode=bench", f"batch.max_rows={rows}", f"cache.ram.bytes={ram}"]
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "bench.json").write_text(json.dumps(_doc(ov, agg, 1000 / agg)))
+        cells.append((tmp_path / str(i), ov))
+    (tmp_path / "4").mkdir()
+    cells.append((tmp_path / "4", ["mode=bench", "batch.max_rows=16", "cache.ram.bytes=1GiB"]))
+    out = write_report(tmp_path, cells)
+    md = out["md"].read_text()
+    assert "| cell | batch.max_rows | cache.ram.bytes | target | agg tok/s |" in md
+    assert "| 1 | 8 | 1GiB | self | 70.00 |" in md and "failed" in md
+    assert "cell 1 (batch.max_rows=8, cache.ram.bytes=1GiB)" in md
+    table = list(csv.DictReader(out["csv"].open()))
+    assert [r["cell"] for r in table] == ["0", "1", "2", "3", "4"]
+    assert table[3]["agg x anchor"] == "0.6" and table[4]["agg tok/s"] == ""
+    for knob in ("batch.max_rows", "cache.ram.bytes"):
+        png = out[f"png:{knob}"]
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert write_report(tmp_path / "4", [(tmp_path / "4", [])]) is None  # nothing benched
+
+
+def test_objective_penalizes_infeasible_trials():
+    ok = {"aggregate_tok_s": 50.0, "ttft_ms_p95": 900.0, "errors": 0}
+    assert objective(ok, 1000) == (50.0, True)
+    slow, feasible = objective({**ok, "ttft_ms_p95": 1500.0}, 1000)
+    assert not feasible and slow == -1.5  # below any feasible trial, closer is better
+    failed, _ = objective({**ok, "errors": 1}, 1000)
+    assert failed < slow
+
+
+def test_multirun_ends_with_one_comparison(tmp_path):
+    r = _cli(["-m", "mode=bench", *TINY, "batch.max_rows=1,2"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [root] = list(tmp_path.glob("multirun/*/*"))
+    assert (root / "0" / "bench.json").is_file() and (root / "1" / "bench.json").is_file()
+    table = list(csv.DictReader((root / "sweep.csv").open()))
+    assert [(t["batch.max_rows"], t["errors"]) for t in table] == [("1", "0"), ("2", "0")]
+    assert all(float(t["agg tok/s"]) > 0 and float(t["TTFT p95 ms"]) > 0 for t in table)
+    assert "| cell | batch.max_rows |" in (root / "sweep.md").read_text()
+    assert (root / "sweep-batch.max_rows.png").stat().st_size > 10_000
+    assert f"SWEEP {root / 'sweep.md'}" in r.stdout
+
+
+def test_tune_writes_a_profile_that_resolves(tmp_path):
+    """Two Optuna trials over max_rows and prefill_chunk; the best becomes
+    ./profiles/<name>.yaml, and `+profile=<name>` then plans with its values."""
+    r = _cli(["mode=tune", "tune.profile=tuned-test", "tune.trials=2", "tune.seed=3",
+              "tune.max_rows=[1,2]", "tune.prefill_chunk=[64,128]", "tune.ram_bytes=[]",
+              "tune.ttft_p95_ms=600000", "cache=ram", *TINY], tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    path = tmp_path / "profiles" / "tuned-test.yaml"
+    text = path.read_text()
+    assert text.startswith(MARK) and "model: appliance-tiny (float32)" in text
+    profile = yaml.safe_load(text)
+    assert profile["defaults"] == [{"override /cache": "ram"}, "_self_"]
+    rows, chunk = profile["batch"]["max_rows"], profile["batch"]["prefill_chunk"]
+    assert rows in (1, 2) and chunk in (64, 128)
+    [root] = list(tmp_path.glob("multirun/*/*"))
+    docs = [json.loads(p.read_text()) for p in root.glob("*/bench.json")]
+    assert len(docs) == 2 and all(d["tune"]["feasible"] for d in docs)
+    best = max(docs, key=lambda d: d["tune"]["objective"])
+    assert f"batch.max_rows={rows}" in best["overrides"]
+    assert (root / "sweep.md").is_file() and (root / "optimization_results.yaml").is_file()
+
+    plan = _cli(["mode=plan", "+profile=tuned-test", "model.dtype=float32"], tmp_path, 120)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    resolved = yaml.safe_load(plan.stdout)
+    assert resolved["batch"]["max_rows"] == rows
+    assert resolved["batch"]["prefill_chunk"] == chunk
+    assert resolved["cache"]["kind"] == "ram" and resolved["profiles"] == ["tuned-test"]
+
+    # a profile not written by mode=tune is never overwritten
+    (tmp_path / "profiles" / "mine.yaml").write_text("batch:\n  max_rows: 3\n")
+    r = _cli(["mode=tune", "tune.profile=mine", *TINY], tmp_path, 120)
+    assert r.returncode == 2 and "was not written by mode=tune" in r.stderr
