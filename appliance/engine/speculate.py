@@ -212,7 +212,9 @@ class Control:
             self._odd[(b, spec)] = self._odd.get((b, spec), 0) + 1
             return  # a one-off (a new shape compiled); two in a row, and the third counts
         self._odd[(b, spec)] = 0
-        self._secs[(b, spec)] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        fast = old is None or seconds < old  # a faster step is believed at once: one-offs
+        w = 0.7 if fast else 0.3  # (compiles) only ever make a step slower
+        self._secs[(b, spec)] = seconds if old is None else (1 - w) * old + w * seconds
         if spec:
             old = self._gain.get(b)
             self._gain[b] = tokens / rows if old is None else 0.85 * old + 0.15 * tokens / rows

@@ -329,6 +329,7 @@ class BatchStep:
         self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
         self.spec_ticks = 0  # decode steps that verified proposals
         self._plain_before = False  # the last decode step was a plain one
+        self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
 
     def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
         """Tell an MTP drafter what the model just fed each row, with its hidden states."""
@@ -372,6 +373,7 @@ class BatchStep:
             if self._steps % 512 == 0:
                 mx.clear_cache()
         if len(self._decode) >= self.max_rows:
+            self._quiet = True
             return [], events
         n = min(self.prefill_rows - len(self._prefill), self.max_rows - len(self._decode),
                 len(self._waiting))
@@ -393,6 +395,7 @@ class BatchStep:
                 segs.pop(0)
             prompt_events.append(PromptEvent(self._prefill.uids[i], end, False))
         self._prefill_chunk(chunks)
+        self._quiet = not (n > 0 or ready or any(chunks))  # the next step's time is its own
         return prompt_events, events
 
     def _admit(self, n: int) -> None:
@@ -458,18 +461,13 @@ class BatchStep:
         self._decode.extend(rows)
 
     def _decode_step(self) -> list[TokenEvent]:
-        d = self._decode
+        d, rows = self._decode, len(self._decode)
         emitted = self._speculate() if self.drafter is not None else None
-        if emitted is None:
-            t, rows = time.perf_counter(), len(d)
+        spec = emitted is not None
+        if not spec:
             toks, logprobs = d.step(self.model)
             self._observe(d.uids, [[t] for t in toks])
-            if self.drafter is not None and self._plain_before:  # a pipelined step waits for
-                self.control.timed(rows, False, time.perf_counter() - t, rows)  # the last one
-            self._plain_before = True
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
-        else:
-            self._plain_before = False
         keep, events = [], []
         for i, uid in enumerate(d.uids):
             reason = None
@@ -489,6 +487,16 @@ class BatchStep:
                 self.control.forget(uid)
         if len(keep) < len(d):
             d.filter(keep)
+        # The control compares modes by the wall time from one decode step's end to the
+        # next (what the rows see), where no prefill ran between; a plain step right after
+        # a speculative one restarts the pipeline and is not a measurement.
+        now = time.perf_counter()
+        if self.drafter is not None:
+            if self._quiet and self._last_end and (spec or self._plain_before):
+                self.control.timed(rows, spec, now - self._last_end,
+                                   sum(len(e[0]) for e in emitted))
+            self._plain_before = not spec
+        self._last_end = now
         return events
 
     def _speculate(self) -> list | None:
@@ -504,14 +512,12 @@ class BatchStep:
             room = d.max_tokens[i] - d.generated[i] - 1  # the pending token is emitted too
             ks.append(0 if pend[i] in self.stop_tokens or room <= 0
                       else min(room, ctl.budget(uid)))
-        t = time.perf_counter()
         drafts, qs = self.drafter.propose(d, pend, ks)
         if not any(drafts) and not self.drafter.fed:
             return None  # nothing proposed, nothing fed to a draft: a plain step
         out = d.verify(self.model, pend, drafts, qs, width=ctl.k + 1 if WHOLE_BUFFER else 0)
         self.drafter.settle(d)
-        mx.eval([c.state for c in d.layers + d.extra])  # its rollback too: timed with it
-        ctl.timed(rows, True, time.perf_counter() - t, sum(len(o[0]) for o in out))
+        mx.eval([c.state for c in d.layers + d.extra])  # its rollback too, in this step
         self.spec_ticks += 1
         for uid, dr, (toks, _) in zip(d.uids, drafts, out, strict=True):
             if dr:
