@@ -216,11 +216,15 @@ def test_a_lone_row_survives_a_failed_allocation(ram_engine, monkeypatch):
 
 def test_a_request_that_keeps_failing_fails_alone(ram_engine, monkeypatch):
     """Memory that never comes back: after a few tries the request ends with the error (a
-    500 naming it), not a hang; the engine serves the next request."""
+    503 with Retry-After: retry shortly), not a hang; the engine serves the next request."""
+    from appliance.api.errors import generation_failed
+
     req = _fleet_requests(ram_engine, n=1)[0]
     _fail(monkeypatch, ram_engine, lambda x, n: True)
     toks, fin = run_engine(ram_engine, req)
     assert fin.reason is FinishReason.ERROR and "out of memory" in fin.error
+    err = generation_failed(fin.error)
+    assert err.status == 503 and err.code == "out_of_memory" and err.headers["Retry-After"]
     monkeypatch.undo()
     toks, fin = run_engine(ram_engine, req)
     assert fin.error is None and len(toks) == 16

@@ -9,6 +9,8 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from appliance.engine.memory import OUT_OF_MEMORY
+
 log = logging.getLogger("appliance.api")
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -36,9 +38,11 @@ SHUTTING_DOWN = "the server is shutting down (server.drain_seconds ran out); ret
 
 def generation_failed(error: str) -> APIError:
     """A request the engine ended with `error`: 503 when the server is stopping (a client
-    may retry elsewhere), else 500."""
+    may retry elsewhere) or could not find memory for it (retry shortly), else 500."""
     if error == SHUTTING_DOWN:
         return APIError(503, error, code="shutting_down")
+    if error.startswith(OUT_OF_MEMORY):
+        return APIError(503, error, code="out_of_memory", headers={"Retry-After": "2"})
     return APIError(500, f"generation failed: {error}", code="generation_error")
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from appliance.engine.budget import Budget
 from appliance.engine.kv import Scheme
-from appliance.engine.memory import Resumed, is_allocation_failure
+from appliance.engine.memory import OUT_OF_MEMORY, Resumed, is_allocation_failure
 from appliance.engine.prefix_cache import PrefixCache
 from appliance.engine.runner import Decoder
 from appliance.engine.sampling import make_processors, make_sampler, repair_random_state
@@ -408,7 +408,8 @@ class ContinuousScheduler:
             constrained = h.request.sampling.constraint is not None and row.emitted
             if (isinstance(h, Resumed) and h.retries >= MAX_RETRIES) or constrained:
                 self.counters.finished += 1
-                finish(h, FinishReason.ERROR, row.generated, f"{type(e).__name__}: {e}")
+                finish(h, FinishReason.ERROR, row.generated,
+                       f"{OUT_OF_MEMORY} ({type(e).__name__}: {e})")
                 continue
             self._waiting.appendleft(Resumed(h, row.emitted))  # counts its retries
 

@@ -22,6 +22,10 @@ _SIGNS = ("out of memory", "malloc", "insufficient memory", "bad_alloc",
           "failed to allocate", "outofmemory")
 
 
+# How a request that kept failing to allocate ends (the API answers 503 + Retry-After).
+OUT_OF_MEMORY = "out of memory: the request could not be served at this load; retry"
+
+
 def is_allocation_failure(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or (
         isinstance(e, RuntimeError) and any(s in str(e).lower() for s in _SIGNS))
