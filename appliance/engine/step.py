@@ -12,10 +12,12 @@ with it at the same B):
 3. one chunk of at most `prefill_chunk` prompt tokens for the rows being prefilled
    (`prefill_rows` prompts together, right-padded, then rolled back to left padding).
 
-With a drafter (`appliance/engine/speculate.py`), step 1 becomes a verify step when rows
-have proposals: each row feeds its pending token plus its own 0..k draft tokens in one
-forward pass (right-padded), keeps its accepted prefix and rolls the rest of its KV back
-(recurrent layers: back to a snapshot, then the kept tokens are fed again).
+With a drafter (`appliance/engine/speculate/`), step 1 becomes a verify step when rows
+have proposals (`appliance/engine/verify.py`): each row feeds its pending token plus its own
+0..k draft tokens in one forward pass (right-padded), keeps its accepted prefix and rolls the
+rest of its KV back (recurrent layers: back to a snapshot, then the kept tokens are fed again).
+
+The rows themselves, and the decode step's arithmetic, are in `appliance/engine/rows.py`.
 
 What the engine owns beyond it: the KV layouts (`appliance/engine/kv`: native, affine,
 TurboQuant; one per layer, each row's logical length kept apart from the write position),
@@ -27,22 +29,14 @@ from __future__ import annotations
 import copy
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.kv import Scheme
-from appliance.engine.kv.native import RecurrentLayout, drop_tails, whole_buffers
-from appliance.engine.sampling import distribution, row_key
-from appliance.engine.speculate import (
-    WHOLE_BUFFER,
-    Control,
-    DraftCounts,
-    Tapped,
-    accept_deterministic,
-    accept_sampled,
-)
+from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
+from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
 
 
 @dataclass
@@ -77,229 +71,6 @@ class _Seq:
     sampler: object
     processors: tuple
     params: object = None  # the SamplingParams (speculative sampling needs them)
-
-
-ROW_LISTS = ("uids", "tokens", "samplers", "processors", "max_tokens", "params")
-
-
-@dataclass
-class _Batch:
-    """Rows held together: per-row lists plus one KV layout per layer (`extra`: the
-    drafter's own layers, a draft model's or an MTP head's, held the same way)."""
-
-    uids: list[int] = field(default_factory=list)
-    layers: list = field(default_factory=list)
-    tokens: list[list[int]] = field(default_factory=list)  # the tokens in each row's KV
-    samplers: list = field(default_factory=list)
-    processors: list[tuple] = field(default_factory=list)
-    max_tokens: list[int] = field(default_factory=list)
-    params: list = field(default_factory=list)
-    extra: list = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.uids)
-
-    def extend(self, other: _Batch) -> None:
-        for name in ("layers", "extra"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if not mine:
-                setattr(self, name, theirs)
-            elif theirs:
-                for a, b in zip(mine, theirs, strict=True):
-                    a.extend(b)
-        for name in ROW_LISTS:
-            getattr(self, name).extend(getattr(other, name))
-
-    def filter(self, keep: list[int]) -> None:
-        if not keep:
-            self.layers, self.extra = [], []
-        else:
-            for c in self.layers + self.extra:
-                c.filter(keep)
-        for name in ROW_LISTS:
-            setattr(self, name, [getattr(self, name)[i] for i in keep])
-
-    def extract(self, i: int) -> list:
-        return [c.extract(i) for c in self.layers + self.extra]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.layers + self.extra)
-
-
-class _Decoding(_Batch):
-    """The running rows, with their pipelined state."""
-
-    def __init__(self):
-        super().__init__()
-        self.next_tokens: mx.array | None = None  # sampled, not yet read
-        self.next_logprobs: list[mx.array] = []
-        self.context: list[TokenBuffer] = []  # token history for logits processors
-        self.generated: list[int] = []
-
-    def extend(self, other: _Decoding) -> None:
-        super().extend(other)
-        if self.next_tokens is None:
-            self.next_tokens = other.next_tokens
-        elif other.next_tokens is not None:
-            self.next_tokens = mx.concatenate([self.next_tokens, other.next_tokens])
-        self.next_logprobs.extend(other.next_logprobs)
-        self.context.extend(other.context)
-        self.generated.extend(other.generated)
-
-    def filter(self, keep: list[int]) -> None:
-        super().filter(keep)
-        self.next_tokens = self.next_tokens[mx.array(keep)] if keep else None
-        self.next_logprobs = [self.next_logprobs[i] for i in keep]
-        self.context = [self.context[i] for i in keep]
-        self.generated = [self.generated[i] for i in keep]
-
-    def step(self, model) -> tuple[list[int], list[mx.array]]:
-        """Queue the forward pass over the pending tokens; return the previous step's."""
-        inputs, current_logprobs = self.next_tokens, self.next_logprobs
-        logits = model(inputs[:, None], cache=self.layers)[:, -1, :]
-        context = []
-        if any(self.processors):
-            rows = []
-            for e, procs in enumerate(self.processors):
-                row = logits[e:e + 1]
-                if procs:
-                    ctx = self.context[e].update_and_fetch(inputs[e:e + 1])
-                    context.append(ctx)
-                    for p in procs:
-                        row = p(ctx, row)
-                rows.append(row)
-            logits = mx.concatenate(rows, axis=0)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        if all(s is self.samplers[0] for s in self.samplers):
-            sampled = self.samplers[0](logprobs)  # one call for rows sharing a sampler
-        else:
-            sampled = mx.concatenate([s(logprobs[e:e + 1])
-                                      for e, s in enumerate(self.samplers)], axis=0)
-        self.next_tokens, self.next_logprobs = sampled, list(logprobs)
-        mx.async_eval(self.next_tokens, self.next_logprobs, context)
-        mx.eval(inputs, current_logprobs)
-        toks = inputs.tolist()
-        for row, t in zip(self.tokens, toks, strict=True):
-            row.append(t)  # now in the row's KV
-        return toks, current_logprobs
-
-    def _forward(self, model, rows: list[list[int]], finalize: bool = True,
-                 width: int = 0) -> mx.array:
-        """One forward pass over each row's tokens (right-padded to the longest, or to
-        `width`), with the padding rolled away afterwards (`finalize`) as a prefill chunk's
-        is; quantized layers attend as that many decode steps would (`decode_like`).
-        Logits [B, L, V]."""
-        lengths = [len(r) for r in rows]
-        width = max(*lengths, width)
-        pad = [width - n for n in lengths]
-        x = mx.array([r + [0] * p for r, p in zip(rows, pad, strict=True)])
-        decode_like = [c for c in self.layers if hasattr(c, "decode_like")]
-        for c in decode_like:
-            c.decode_like = True
-        if max(pad):
-            for c in self.layers:
-                c.prepare(lengths=lengths, right_padding=pad)
-        try:
-            with whole_buffers(self.layers, width, WHOLE_BUFFER):
-                logits = model(x, cache=self.layers)
-        finally:
-            for c in decode_like:
-                c.decode_like = False
-        if max(pad) and finalize:
-            for c in self.layers:
-                c.finalize()
-        return logits
-
-    def verify(self, model, pend: list[int], drafts: list[list[int]], qs: list | None = None,
-               width: int = 0) -> list[tuple[list[int], list[mx.array]]]:
-        """Feed every row its pending token and its drafts in one pass; keep, per row, the
-        drafts its own samples confirm (`accept_deterministic`), or for a sampled row
-        whose drafts came with the draft's distributions `qs[i]`, the ones speculative
-        sampling keeps (`accept_sampled`). Returns per row the tokens now emitted (the
-        pending one first) with their log-probabilities; the token sampled after them
-        becomes the row's pending token. `width`: the least tokens per row the pass feeds
-        (padding), so a backend that compiles per shape sees one shape per batch size."""
-        fed = [[p, *d] for p, d in zip(pend, drafts, strict=True)]
-        recurrent = [c for c in self.layers if isinstance(c, RecurrentLayout)]
-        for c in recurrent:
-            c.checkpoint()
-        logits = self._forward(model, fed, finalize=False, width=width)  # _roll_back finalizes
-        self.last_hidden = getattr(model, "hidden", None)  # an MTP head drafts from them
-        logprobs, samples = self._sample_all(logits, fed)
-        out, kept, new_pend, new_lp = [], [], [], []
-        for i, d in enumerate(drafts):
-            q, params = (qs[i] if qs else None), self.params[i]
-            if q is None or not d or params is None or params.temperature == 0:
-                a = accept_deterministic(samples[i], d)
-                nxt = samples[i][a]
-            else:
-                p = distribution(params, logprobs[i])
-                a, nxt = accept_sampled(p, q, d, row_key(self.samplers[i]))
-            toks = fed[i][:a + 1]
-            out.append((toks, [self.next_logprobs[i], *[logprobs[i][j] for j in range(a)]]))
-            kept.append(toks)
-            new_pend.append(nxt)
-            new_lp.append(logprobs[i][a])
-        self._roll_back(model, max(width, *map(len, fed)), fed, kept, recurrent)
-        self.last_fed, self.last_kept = fed, kept  # for the drafter's own rollback
-        for i, toks in enumerate(kept):
-            self.tokens[i].extend(toks)  # now in the row's KV
-            if self.processors[i]:
-                self.context[i].update_and_fetch(mx.array(toks))
-        self.next_tokens, self.next_logprobs = mx.array(new_pend), new_lp
-        return out
-
-    def _sample_all(self, logits: mx.array, fed: list[list[int]]):
-        """Per row, log-probabilities [n_i, V] at each fed position (logits processors
-        applied with the history up to that position) and each position's sample."""
-        if not any(self.processors) and all(s is self.samplers[0] for s in self.samplers):
-            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            B, L, V = lp.shape
-            sampled = self.samplers[0](lp.reshape(B * L, V)).reshape(B, L)
-            mx.eval(sampled, lp)
-            s = sampled.tolist()
-            return [lp[i, :len(f)] for i, f in enumerate(fed)], \
-                [s[i][:len(f)] for i, f in enumerate(fed)]
-        lps, outs = [], []
-        for i, f in enumerate(fed):
-            rows = logits[i, :len(f)]
-            procs = self.processors[i]
-            if procs and all(getattr(p, "context_free", False) for p in procs):
-                for p in procs:  # (in order, all positions at once)
-                    rows = p(None, rows)
-            elif procs:
-                base = self.context[i].tokens
-                done = []
-                for j in range(len(f)):
-                    ctx = mx.concatenate([base, mx.array(f[:j + 1], dtype=base.dtype)])
-                    r = rows[j:j + 1]
-                    for p in procs:
-                        r = p(ctx, r)
-                    done.append(r)
-                rows = mx.concatenate(done, axis=0)
-            lp = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
-            lps.append(lp)
-            outs.append(self.samplers[i](lp))
-        mx.eval(outs, lps)
-        return lps, [o.tolist() for o in outs]
-
-    def _roll_back(self, model, width: int, fed: list[list[int]], kept: list[list[int]],
-                   recurrent: list) -> None:
-        """Drop each row's padding and rejected tokens from its KV (the pass fed `width`
-        tokens per row): one roll per layer, as a right-padded chunk's padding is rolled
-        away. Recurrent state cannot drop tokens: then every row goes back to before the
-        pass and feeds again what it keeps."""
-        if recurrent and any(len(k) < len(f) for k, f in zip(kept, fed, strict=True)):
-            for c in self.layers:
-                if c in recurrent:
-                    c.restore()
-                else:
-                    drop_tails(c, [width] * len(fed))
-            self._forward(model, kept)
-            return
-        for c in self.layers:
-            drop_tails(c, [width - len(k) for k in kept])
 
 
 class BatchStep:

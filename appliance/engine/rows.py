@@ -1,0 +1,116 @@
+"""The rows a `BatchStep` holds together: per-row lists plus one KV layout per layer, and
+the running rows' pipelined decode step (the plain one; the verify pass is `verify.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.models.cache import TokenBuffer
+
+from appliance.engine.verify import Verifying
+
+ROW_LISTS = ("uids", "tokens", "samplers", "processors", "max_tokens", "params")
+
+
+@dataclass
+class _Batch:
+    """Rows held together: per-row lists plus one KV layout per layer (`extra`: the
+    drafter's own layers, a draft model's or an MTP head's, held the same way)."""
+
+    uids: list[int] = field(default_factory=list)
+    layers: list = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # the tokens in each row's KV
+    samplers: list = field(default_factory=list)
+    processors: list[tuple] = field(default_factory=list)
+    max_tokens: list[int] = field(default_factory=list)
+    params: list = field(default_factory=list)
+    extra: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.uids)
+
+    def extend(self, other: _Batch) -> None:
+        for name in ("layers", "extra"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if not mine:
+                setattr(self, name, theirs)
+            elif theirs:
+                for a, b in zip(mine, theirs, strict=True):
+                    a.extend(b)
+        for name in ROW_LISTS:
+            getattr(self, name).extend(getattr(other, name))
+
+    def filter(self, keep: list[int]) -> None:
+        if not keep:
+            self.layers, self.extra = [], []
+        else:
+            for c in self.layers + self.extra:
+                c.filter(keep)
+        for name in ROW_LISTS:
+            setattr(self, name, [getattr(self, name)[i] for i in keep])
+
+    def extract(self, i: int) -> list:
+        return [c.extract(i) for c in self.layers + self.extra]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.layers + self.extra)
+
+
+class _Decoding(_Batch, Verifying):
+    """The running rows, with their pipelined state."""
+
+    def __init__(self):
+        super().__init__()
+        self.next_tokens: mx.array | None = None  # sampled, not yet read
+        self.next_logprobs: list[mx.array] = []
+        self.context: list[TokenBuffer] = []  # token history for logits processors
+        self.generated: list[int] = []
+
+    def extend(self, other: _Decoding) -> None:
+        super().extend(other)
+        if self.next_tokens is None:
+            self.next_tokens = other.next_tokens
+        elif other.next_tokens is not None:
+            self.next_tokens = mx.concatenate([self.next_tokens, other.next_tokens])
+        self.next_logprobs.extend(other.next_logprobs)
+        self.context.extend(other.context)
+        self.generated.extend(other.generated)
+
+    def filter(self, keep: list[int]) -> None:
+        super().filter(keep)
+        self.next_tokens = self.next_tokens[mx.array(keep)] if keep else None
+        self.next_logprobs = [self.next_logprobs[i] for i in keep]
+        self.context = [self.context[i] for i in keep]
+        self.generated = [self.generated[i] for i in keep]
+
+    def step(self, model) -> tuple[list[int], list[mx.array]]:
+        """Queue the forward pass over the pending tokens; return the previous step's."""
+        inputs, current_logprobs = self.next_tokens, self.next_logprobs
+        logits = model(inputs[:, None], cache=self.layers)[:, -1, :]
+        context = []
+        if any(self.processors):
+            rows = []
+            for e, procs in enumerate(self.processors):
+                row = logits[e:e + 1]
+                if procs:
+                    ctx = self.context[e].update_and_fetch(inputs[e:e + 1])
+                    context.append(ctx)
+                    for p in procs:
+                        row = p(ctx, row)
+                rows.append(row)
+            logits = mx.concatenate(rows, axis=0)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if all(s is self.samplers[0] for s in self.samplers):
+            sampled = self.samplers[0](logprobs)  # one call for rows sharing a sampler
+        else:
+            sampled = mx.concatenate([s(logprobs[e:e + 1])
+                                      for e, s in enumerate(self.samplers)], axis=0)
+        self.next_tokens, self.next_logprobs = sampled, list(logprobs)
+        mx.async_eval(self.next_tokens, self.next_logprobs, context)
+        mx.eval(inputs, current_logprobs)
+        toks = inputs.tolist()
+        for row, t in zip(self.tokens, toks, strict=True):
+            row.append(t)  # now in the row's KV
+        return toks, current_logprobs

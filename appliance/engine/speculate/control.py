@@ -1,0 +1,167 @@
+"""How many tokens each row proposes, and whether the batch speculates at all.
+
+Also the CUDA shape policy every multi-token pass follows (`WHOLE_BUFFER`), read by the
+verify pass (`appliance/engine/verify.py`), the step that sizes it and the drafters' feeds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from appliance.engine.kv.affine import on_cuda
+
+# Multi-token passes attend over whole KV buffers where MLX compiles per key length (CUDA).
+WHOLE_BUFFER = on_cuda()
+
+
+@dataclass
+class DraftCounts:
+    """Tokens proposed and accepted, for /stats and one request's usage."""
+
+    proposed: int = 0
+    accepted: int = 0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+WARM = 2  # measured steps of each kind before the batch picks the faster one
+PROBE = WARM + 1  # steps of a probe of the slower mode (its first one is not a measurement)
+
+
+def _bucket(rows: int) -> int:
+    """Batch sizes share measurements by power of two (rows finish one by one)."""
+    return 1 << max(0, rows - 1).bit_length()
+
+
+@dataclass
+class _Row:
+    accept: float = 0.6  # moving average of accepted / proposed
+    paused: int = 0  # steps left before the row proposes again
+
+
+@dataclass
+class _Mode:
+    """One batch size's choice between speculative and plain steps."""
+
+    probe_at: int = 0  # the step at which the slower mode is probed again (0: not planned)
+    gap: int = 0  # steps between probes: doubles while the winner holds
+    winner: bool | None = None  # the mode before the current probe
+
+
+@dataclass
+class Control:
+    """How many tokens each row may propose this step, and whether the batch speculates.
+
+    Per row: k follows the expected run of accepted tokens, a/(1-a) for acceptance a,
+    plus one (capped at `k`); below `pause_below` the row pauses for `pause_steps` steps, then
+    probes again with one token. Per batch size (by power of two): the time of speculative
+    and plain steps and the tokens a speculative step yields per row are measured, and the
+    faster mode runs. The slower one is
+    probed again for a few steps after `explore_every` steps, then after twice as many each
+    time it loses again (up to 16x), so probing costs a small share of a long run and
+    speculation is never the slower choice for long. A batch size not measured yet takes the
+    decision of its neighbours: speculation that lost at B rows loses at more; one that won
+    at B wins at fewer. `adaptive=False` always proposes k."""
+
+    k: int
+    adaptive: bool = True
+    pause_below: float = 0.1
+    pause_steps: int = 4
+    explore_every: int = 32
+    _rows: dict[int, _Row] = field(default_factory=dict)
+    _secs: dict[tuple[int, bool], float] = field(default_factory=dict)  # (B, spec) -> s/step
+    _gain: dict[int, float] = field(default_factory=dict)  # B -> tokens per row per spec step
+    _ticks: dict[int, int] = field(default_factory=dict)
+    _seen: dict[tuple[int, bool], int] = field(default_factory=dict)
+    _odd: dict[tuple[int, bool], int] = field(default_factory=dict)  # outliers in a row
+    _modes: dict[int, _Mode] = field(default_factory=dict)
+
+    def budget(self, uid: int) -> int:
+        if not self.adaptive:
+            return self.k
+        r = self._rows.setdefault(uid, _Row())
+        if r.paused:
+            r.paused -= 1
+            return 1 if not r.paused else 0  # the last paused step probes with one token
+        run = r.accept / max(1e-6, 1 - r.accept)  # expected accepted run, plus the one
+        return max(1, min(self.k, math.ceil(run) + 1))  # that would end it
+
+    def record(self, uid: int, proposed: int, accepted: int) -> None:
+        if not self.adaptive or not proposed:
+            return
+        r = self._rows.setdefault(uid, _Row())
+        r.accept = 0.7 * r.accept + 0.3 * accepted / proposed
+        if r.accept < self.pause_below:
+            r.paused, r.accept = self.pause_steps, self.pause_below + 0.1
+
+    def _measured(self, b: int) -> bool | None:
+        """Whether speculation is faster at bucket `b`, once both modes are measured there:
+        the tokens a speculative step yields per row against what its time would decode."""
+        if min(self._seen.get((b, True), 0), self._seen.get((b, False), 0)) < WARM:
+            return None
+        return self._gain[b] * self._secs[(b, False)] >= self._secs[(b, True)]
+
+    def _winner(self, b: int) -> bool | None:
+        own = self._measured(b)
+        if own is not None:
+            return own
+        for other in sorted(self._gain, key=lambda o: abs(o - b)):
+            won = self._measured(other)
+            if won is not None and (other <= b and not won or other >= b and won):
+                return won
+        return None
+
+    def speculate(self, rows: int) -> bool:
+        """Whether a batch of `rows` rows should speculate this step."""
+        if not self.adaptive:
+            return True
+        b = _bucket(rows)
+        n = self._ticks[b] = self._ticks.get(b, 0) + 1
+        winner = self._winner(b)
+        if winner is None:
+            return n % 4 < 2  # measuring both, two steps of each in turn
+        m = self._modes.setdefault(b, _Mode())
+        if not m.probe_at:
+            m.probe_at, m.gap, m.winner = n + self.explore_every, self.explore_every, winner
+        if n < m.probe_at:
+            if winner != m.winner:  # the running mode fell below the other's last rate
+                m.winner, m.gap, m.probe_at = winner, self.explore_every, n + self.explore_every
+            return m.winner
+        if n < m.probe_at + PROBE:
+            return not m.winner
+        held = winner == m.winner  # the probe is over: back off while the winner holds
+        m.gap = min(2 * m.gap, 16 * self.explore_every) if held else self.explore_every
+        m.probe_at, m.winner = n + m.gap, winner
+        return winner
+
+    def timed(self, rows: int, spec: bool, seconds: float, tokens: int) -> None:
+        """One step's time and the tokens it emitted. Step times move fast (0.3 per step);
+        the yield of speculative steps is smoothed harder (0.15), since acceptance varies
+        from step to step far more than the time a step takes."""
+        if seconds <= 0:
+            return
+        b = _bucket(rows)
+        seen = self._seen[(b, spec)] = self._seen.get((b, spec), 0) + 1
+        if seen == 1:
+            return  # a first step at a batch size pays one-off costs; not a measurement
+        old = self._secs.get((b, spec))
+        if old is not None and seconds > 3 * old and self._odd.get((b, spec), 0) < 2:
+            self._odd[(b, spec)] = self._odd.get((b, spec), 0) + 1
+            return  # a one-off (a new shape compiled); two in a row, and the third counts
+        self._odd[(b, spec)] = 0
+        fast = old is None or seconds < old  # a faster step is believed at once: one-offs
+        w = 0.7 if fast else 0.3  # (compiles) only ever make a step slower
+        self._secs[(b, spec)] = seconds if old is None else (1 - w) * old + w * seconds
+        if spec:
+            old = self._gain.get(b)
+            self._gain[b] = tokens / rows if old is None else 0.85 * old + 0.15 * tokens / rows
+
+    def forget(self, uid: int) -> None:
+        self._rows.pop(uid, None)
