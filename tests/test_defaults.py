@@ -90,7 +90,10 @@ def test_rows_follow_bandwidth_against_compute():
     kw = dict(max_rows=None, prefill_chunk=None, max_context=None, trained_context=False,
               kv_budget=None, ram=None, prefill_rows=1, serial=False)
     big, small = (derive(f, s, Workload(16, 8192), **kw) for f in (gpu, cpu))
-    assert big.max_rows == 16 and small.max_rows == 3
+    # compute is stated, not a cap: past the ridge rows share it rather than queue
+    assert big.max_rows == small.max_rows == 16
+    assert "compute-bound" in small.reasons["batch.max_rows"]
+    assert "bandwidth-bound up to" in big.reasons["batch.max_rows"]
     assert big.prefill_chunk == 2048 and small.prefill_chunk <= 512
     assert big.kv_budget == 16 * 8192 * 32768 or big.kv_budget == 131072 * 32768
     # the parts fit what is usable, with the RAM tier a share of what is left
