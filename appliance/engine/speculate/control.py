@@ -64,8 +64,9 @@ class Control:
     probes again with one token. Per batch size (by power of two): the time of speculative
     and plain steps and the tokens a speculative step yields per row are measured, and the
     faster mode runs. The slower one is
-    probed again for a few steps after `explore_every` steps, then after twice as many each
-    time it loses again (up to 16x), so probing costs a small share of a long run and
+    probed again for a few steps after `explore_every` steps (stretched by how much more a
+    step of it costs), then after twice as many each time it loses again (up to 16x), so
+    probing costs a small share of a long run and
     speculation is never the slower choice for long. A batch size not measured yet takes the
     decision of its neighbours: speculation that lost at B rows loses at more; one that won
     at B wins at fewer. `adaptive=False` always proposes k."""
@@ -128,18 +129,29 @@ class Control:
         if winner is None:
             return n % 4 < 2  # measuring both, two steps of each in turn
         m = self._modes.setdefault(b, _Mode())
+        first = self._first_gap(b, winner)
         if not m.probe_at:
-            m.probe_at, m.gap, m.winner = n + self.explore_every, self.explore_every, winner
+            m.probe_at, m.gap, m.winner = n + first, first, winner
         if n < m.probe_at:
             if winner != m.winner:  # the running mode fell below the other's last rate
-                m.winner, m.gap, m.probe_at = winner, self.explore_every, n + self.explore_every
+                m.winner, m.gap, m.probe_at = winner, first, n + first
             return m.winner
         if n < m.probe_at + PROBE:
             return not m.winner
         held = winner == m.winner  # the probe is over: back off while the winner holds
-        m.gap = min(2 * m.gap, 16 * self.explore_every) if held else self.explore_every
+        m.gap = min(2 * m.gap, 16 * first) if held else first
         m.probe_at, m.winner = n + m.gap, winner
         return winner
+
+    def _first_gap(self, b: int, winner: bool) -> int:
+        """Steps before the slower mode is probed: `explore_every`, stretched by what a
+        probe step of it costs against a step of the winner (a speculative step over 7
+        tokens a row is several plain steps on a compute-bound CPU), so probing keeps to a
+        small share of the time, not of the steps."""
+        t_spec, t_plain = self._secs.get((b, True)), self._secs.get((b, False))
+        if winner or not t_spec or not t_plain:
+            return self.explore_every
+        return int(self.explore_every * max(1.0, t_spec / t_plain))
 
     def timed(self, rows: int, spec: bool, seconds: float, tokens: int) -> None:
         """One step's time and the tokens it emitted. Step times move fast (0.3 per step);
