@@ -8,12 +8,12 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from appliance.engine.kv import turboquant_cuda
+from appliance.engine.kv import cuda_decode
 from appliance.engine.kv.affine import AffineCodec
 from appliance.engine.kv.quantized import Codes
 from appliance.engine.kv.turboquant import TurboCodec
 
-pytestmark = pytest.mark.skipif(not turboquant_cuda.available(),
+pytestmark = pytest.mark.skipif(not cuda_decode.available(),
                                 reason="needs MLX's CUDA backend")
 
 

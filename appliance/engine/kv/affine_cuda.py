@@ -15,10 +15,9 @@ import functools
 
 import mlx.core as mx
 
-from appliance.engine.kv.quantized import masked_softmax
+from appliance.engine.kv import cuda_decode
 
 BITS = (2, 4, 8)  # widths whose codes never straddle two 32-bit words
-CHUNK = 256  # tokens per partial sum in the value kernel (more blocks for long rows)
 
 # One thread per (row, head, token): R query rows (the head's group) against one key.
 _SCORES = """
@@ -75,10 +74,6 @@ _VALUES = """
 """
 
 
-def available() -> bool:
-    return mx.default_device() == mx.gpu and hasattr(mx, "cuda") and mx.cuda.is_available()
-
-
 @functools.cache
 def _kernels():
     scores = mx.fast.cuda_kernel(name="affine_scores", input_names=["q", "kw", "ks", "kz"],
@@ -93,21 +88,7 @@ def _kernels():
 def attend(codec, q: mx.array, keys, values, mask) -> mx.array:
     """Attention for one query per row. `q`: (B, Hkv, R, D) float32, scaled. Returns
     (B, Hkv, R, D) float32."""
-    scores_k, values_k = _kernels()
-    B, H, R, D = q.shape
-    T = keys[0].shape[2]
     gs = codec.group_size
-    (scores,) = scores_k(
-        inputs=[mx.contiguous(q), *keys],
-        template=[("D", D), ("R", R), ("GS", gs), ("BITS", codec.key_bits)],
-        grid=(B * H * T, 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[(B, H, R, T)], output_dtypes=[mx.float32])
-    p = masked_softmax(scores, mask, grouped=False)  # scores (B, Hkv, R, T): no group axis
-    chunks = -(-T // CHUNK)
-    (part,) = values_k(
-        inputs=[mx.contiguous(p), *values],
-        template=[("D", D), ("R", R), ("GS", gs), ("BITS", codec.value_bits),
-                  ("CHUNK", CHUNK)],
-        grid=(B * H * chunks * D, 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[(B, H, chunks, R, D)], output_dtypes=[mx.float32])
-    return part.sum(axis=2)
+    return cuda_decode.attend(_kernels(), q, list(keys), list(values),
+                              [("GS", gs), ("BITS", codec.key_bits)],
+                              [("GS", gs), ("BITS", codec.value_bits)], mask)

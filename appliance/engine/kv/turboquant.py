@@ -22,7 +22,7 @@ import math
 
 import mlx.core as mx
 
-from appliance.engine.kv import turboquant_cuda
+from appliance.engine.kv import cuda_decode, turboquant_cuda
 from appliance.engine.kv.quantized import CODECS, masked_softmax
 
 # Lloyd-Max quantizer of N(0, 1): positive centroids (Max 1960; tech-brief 1.2). For unit
@@ -81,7 +81,7 @@ class TurboCodec:
                                                       ("", self.matrix))}
         self.books = {b: self._book(b) for w in "kv" for b, _, _ in self._segments(w)}
         # the fused decode kernels: MLX's CUDA backend, whole bits (tests/test_kv_cuda.py)
-        self.fused = (turboquant_cuda.available() and key_bits == int(key_bits)
+        self.fused = (cuda_decode.available() and key_bits == int(key_bits)
                       and value_bits == int(value_bits))
 
     def _book(self, bits: int):

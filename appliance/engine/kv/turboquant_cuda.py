@@ -14,9 +14,7 @@ import functools
 
 import mlx.core as mx
 
-from appliance.engine.kv.quantized import masked_softmax
-
-CHUNK = 256  # tokens per partial sum in the value kernel (more blocks for long rows)
+from appliance.engine.kv import cuda_decode
 
 _SCORES = """
     size_t gid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -67,10 +65,6 @@ _VALUES = """
 """
 
 
-def available() -> bool:
-    return mx.default_device() == mx.gpu and hasattr(mx, "cuda") and mx.cuda.is_available()
-
-
 @functools.cache
 def _kernels():
     scores = mx.fast.cuda_kernel(name="tq_scores", input_names=["q", "kp", "kn", "book"],
@@ -85,22 +79,9 @@ def _kernels():
 def attend(codec, q_rot: mx.array, keys, values, mask) -> mx.array:
     """Rotated-space attention for one query per row. `q_rot`: (B, Hkv, R, D) float32,
     rotated and scaled. Returns the output in rotated space, (B, Hkv, R, D) float32."""
-    scores_k, values_k = _kernels()
-    B, H, R, D = q_rot.shape
-    kp, kn = keys
-    vp, vn = values
-    T = kp.shape[2]
     kb, vb = int(codec.key_bits), int(codec.value_bits)
-    (scores,) = scores_k(
-        inputs=[mx.contiguous(q_rot), kp, kn, codec.books[kb][0]],
-        template=[("D", D), ("R", R), ("WK", kp.shape[-1]), ("BITS", kb)],
-        grid=(B * H * T, 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[(B, H, R, T)], output_dtypes=[mx.float32])
-    p = masked_softmax(scores, mask, grouped=False)  # scores (B, Hkv, R, T): no group axis
-    chunks = -(-T // CHUNK)
-    (part,) = values_k(
-        inputs=[mx.contiguous(p), vp, vn, codec.books[vb][0]],
-        template=[("D", D), ("R", R), ("WV", vp.shape[-1]), ("BITS", vb), ("CHUNK", CHUNK)],
-        grid=(B * H * chunks * D, 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[(B, H, chunks, R, D)], output_dtypes=[mx.float32])
-    return part.sum(axis=2)
+    (kp, kn), (vp, vn) = keys, values
+    return cuda_decode.attend(_kernels(), q_rot, [kp, kn, codec.books[kb][0]],
+                              [vp, vn, codec.books[vb][0]],
+                              [("WK", kp.shape[-1]), ("BITS", kb)],
+                              [("WV", vp.shape[-1]), ("BITS", vb)], mask)
