@@ -210,3 +210,23 @@ def _layers(info: ModelInfo, dtype: str, native: int, quant) -> dict:
     if "recurrent" in kinds:
         out["recurrent"] = {"held": f"{dtype} state (never quantized)", "bytes_per_token": 0}
     return out
+
+
+def rows_per_option(info: ModelInfo, dtype: str, backend: str, kv: Any, budget: int,
+                     max_ctx: int) -> dict:
+    """Rows of `max_ctx` tokens each KV option would fit in `budget` (same keep_layers and
+    group size as this plan), so a user sees what switching kv= buys before trying it."""
+    out = {}
+    for name, fields in OPTIONS.items():
+        mine = {k: v for k, v in _fields(kv).items()  # what this option's scheme reads
+                if k not in UNUSED[fields["scheme"]]}
+        p = resolve_kv(type("KV", (), {**UNSET, **mine, **fields})(), info, dtype, backend,
+                       max_ctx, [])
+        if p is not None and p.bytes_per_token:
+            out[name] = max(0, budget) // (p.bytes_per_token * max_ctx)
+    return out
+
+
+def _fields(kv: Any) -> dict:
+    return {k: getattr(kv, k) for k in ("scheme", "key_bits", "value_bits", "group_size",
+                                        "start", "keep_layers", "rotation", "rotation_seed")}

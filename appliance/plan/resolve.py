@@ -13,7 +13,7 @@ from appliance import _blas
 from appliance.plan.derive import Shape, Workload, derive, machine_facts
 from appliance.plan.draft import resolve_draft
 from appliance.plan.errors import PlanError
-from appliance.plan.kv import OPTIONS, UNSET, UNUSED, check_scheme, resolve_kv
+from appliance.plan.kv import check_scheme, resolve_kv, rows_per_option
 from appliance.plan.machine import GiB, detect
 from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo, inspect_config, inspect_model
 from appliance.plan.plan import (
@@ -108,21 +108,6 @@ def _weights_resident(info: ModelInfo, dtype: str) -> int:
     return info.weight_bytes + delta * info.float_weight_elements
 
 
-def _rows_per_option(info: ModelInfo, dtype: str, backend: str, kv: Any, budget: int,
-                     max_ctx: int) -> dict:
-    """Rows of `max_ctx` tokens each KV option would fit in `budget` (same keep_layers and
-    group size as this plan), so a user sees what switching kv= buys before trying it."""
-    out = {}
-    for name, fields in OPTIONS.items():
-        mine = {k: v for k, v in _fields(kv).items()  # what this option's scheme reads
-                if k not in UNUSED[fields["scheme"]]}
-        p = resolve_kv(type("KV", (), {**UNSET, **mine, **fields})(), info, dtype, backend,
-                       max_ctx, [])
-        if p is not None and p.bytes_per_token:
-            out[name] = max(0, budget) // (p.bytes_per_token * max_ctx)
-    return out
-
-
 def _auto_int(problems: list[str], field: str, value: Any) -> int | None:
     """An `auto`-or-integer knob: None for auto (derived later), else the integer."""
     if value == "auto":
@@ -149,11 +134,6 @@ def _config_dict(m: Any, path: Path | None) -> dict:
         return json.loads((path / "config.json").read_text())
     except (OSError, ValueError, TypeError):
         return {}
-
-
-def _fields(kv: Any) -> dict:
-    return {k: getattr(kv, k) for k in ("scheme", "key_bits", "value_bits", "group_size",
-                                        "start", "keep_layers", "rotation", "rotation_seed")}
 
 
 def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
@@ -341,7 +321,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     mem = MemoryPlan(usable_bytes=usable, weights_bytes=weights, kv_budget_bytes=d.kv_budget,
                      kv_and_cache_bytes=d.kv_budget + ram_cap,
                      kv_bytes_at_max_context=per_tok * max_ctx,
-                     rows_at_max_context=_rows_per_option(  # live KV and its copy
+                     rows_at_max_context=rows_per_option(  # live KV and its copy
                          info, dtype, here.backend, cfg.kv, kv_budget or max(
                              0, usable - weights - d.activations - d.buffer_cache
                              - d.hit_copy) // 2, max_ctx),
