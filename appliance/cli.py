@@ -67,6 +67,11 @@ def run(cfg) -> int:
     task = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
     problems = [] if cfg.mode in MODES else [
         f"mode={cfg.mode!r} is not supported; valid choices: {', '.join(MODES)}"]
+    for section, readers in (("bench", ("bench", "tune")), ("tune", ("tune",))):
+        given = [o for o in task if o.lstrip("+~").split("=", 1)[0].split(".")[0] == section]
+        if given and cfg.mode not in readers:  # never accepted and ignored
+            problems.append(f"{' '.join(given)}: only mode={' or mode='.join(readers)} reads "
+                            f"the {section} settings; drop them, or set that mode")
     if cfg.mode in ("bench", "tune"):
         from appliance.bench import check
 

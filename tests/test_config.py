@@ -95,6 +95,14 @@ def test_cli_bad_value_exits_2(tmp_path):
     assert r.returncode == 2 and "server.port" in r.stderr
 
 
+def test_cli_refuses_bench_and_tune_settings_no_mode_reads(tmp_path):
+    """Never accepted and ignored: bench.* outside mode=bench/tune, tune.* outside mode=tune."""
+    r = _cli("mode=plan", "bench=agents", "bench.agents=4", "tune.trials=3", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "bench=agents bench.agents=4: only mode=bench or mode=tune" in r.stderr
+    assert "tune.trials=3: only mode=tune" in r.stderr
+
+
 def test_cli_multirun_prints_one_plan_per_cell(tmp_path):
     r = _cli("-m", "mode=plan", "model.dtype=float32,bfloat16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

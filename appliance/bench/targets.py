@@ -31,7 +31,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_NOT_FOR_THE_SERVER = ("mode", "bench", "hydra", "server.port", "server.host", "server.log_level")
+_NOT_FOR_THE_SERVER = ("mode", "bench", "tune", "hydra", "server.port", "server.host",
+                       "server.log_level")
 
 
 @contextlib.contextmanager
