@@ -17,10 +17,11 @@ from appliance.engine.budget import Budget, KVShape
 from appliance.engine.continuous import ContinuousScheduler
 
 
-def _scheduler(model, tok, max_rows, prefill_rows=1):
+def _scheduler(model, tok, max_rows, prefill_rows=1, compile_step=False):
     budget = Budget(1 << 40, KVShape(1, 0, 0, 0))
     return ContinuousScheduler(model, set(tok.eos_token_ids), max_rows,
-                               oracle.BATCH_PREFILL_CHUNK, budget, prefill_rows=prefill_rows)
+                               oracle.BATCH_PREFILL_CHUNK, budget, prefill_rows=prefill_rows,
+                               compile_step=compile_step)
 
 
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
@@ -45,6 +46,42 @@ def test_rows_match_batch_generator(loaded, schedule):
     gold = golden(f"batch-{name}")
     assert prompts == gold["prompts"]
     assert got == gold["schedules"][schedule]["tokens"]
+
+
+@pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
+def test_compiled_step_matches_batch_generator(loaded, schedule):
+    """batch.compile_step: the decode step as one compiled graph over whole KV buffers
+    (models whose layers are all full attention; the others run uncompiled, and must
+    still match) gives BatchGenerator's tokens, and the goldens'."""
+    name, model, tok = loaded
+    sch = oracle.BATCH_SCHEDULES[schedule]
+    prompts = oracle.batch_prompts(tok)
+    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
+            for _, _, r in sch["events"]}
+    scheduler = _scheduler(model, tok, sch["max_rows"], compile_step=True)
+    drive(scheduler, sch["events"], rows)
+    got = {r: c.tokens for r, c in rows.items()}
+    assert got == oracle.run_batch_schedule(model, tok, sch)
+    assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
+
+
+@pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
+def test_whole_buffer_decode_matches_batch_generator(loaded, schedule, monkeypatch):
+    """On CUDA the plain decode step attends over whole KV buffers (unwritten slots
+    masked), as verify passes do. The same arithmetic, run here, gives BatchGenerator's
+    tokens and the goldens'."""
+    from appliance.engine import rows as rows_mod
+
+    monkeypatch.setattr(rows_mod, "WHOLE_BUFFER", True)
+    name, model, tok = loaded
+    sch = oracle.BATCH_SCHEDULES[schedule]
+    prompts = oracle.batch_prompts(tok)
+    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
+            for _, _, r in sch["events"]}
+    drive(_scheduler(model, tok, sch["max_rows"]), sch["events"], rows)
+    got = {r: c.tokens for r, c in rows.items()}
+    assert got == oracle.run_batch_schedule(model, tok, sch)
+    assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
 
 
 @pytest.mark.parametrize("schedule", ["static-4", "dynamic"])

@@ -164,14 +164,14 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch):
     """On CUDA, verify passes attend over whole KV buffers and feed every row k + 1 tokens
     (one shape per batch size: MLX compiles per shape there). The same arithmetic, run here
     on CPU, is token-exact with draft=none."""
-    from appliance.engine import step, verify
+    from appliance.engine import rows, step, verify
     from appliance.engine.speculate import drafters
 
     name, model, tok = loaded
     if drafter == "mtp" and name == "tiny-gemma3":
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     plain, _ = run(model, tok, "dynamic")
-    for mod in (drafters, verify, step):  # each module that reads it (imported by name)
+    for mod in (drafters, verify, step, rows):  # each module that reads it (imported by name)
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
     mx.random.seed(0)
     draft = ((Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), Control(4))

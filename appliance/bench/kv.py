@@ -185,6 +185,7 @@ def batched_decode(model, plan: ExecutionPlan, rows: int, context: int, n: int, 
     """B=`rows` rows through BatchStep under `plan.kv`: tok/s runs and memory after prefill."""
     import mlx.core as mx
 
+    from appliance.engine.compiled import CompiledDecode
     from appliance.engine.kv import Scheme
     from appliance.engine.sampling import make_sampler
     from appliance.engine.step import BatchStep
@@ -192,7 +193,8 @@ def batched_decode(model, plan: ExecutionPlan, rows: int, context: int, n: int, 
 
     chunk = plan.batch.prefill_chunk
     step = BatchStep(model, set(), rows, chunk, Scheme.from_plan(plan.kv),
-                     prefill_rows=_prefill_rows(rows, chunk))
+                     prefill_rows=_prefill_rows(rows, chunk),
+                     compiled=CompiledDecode(model) if plan.batch.compile_step else None)
     sampler = make_sampler(SamplingParams(temperature=0.0))
     prompts = _prompts(seed, rows, context, plan.model.vocab_size)
     _release()

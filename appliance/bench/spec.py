@@ -99,7 +99,8 @@ def _scheduler(model, tokenizer, plan: ExecutionPlan, rows: int, draft):
     budget = Budget(plan.batch.kv_budget_bytes, KVShape.for_plan(plan))
     return ContinuousScheduler(model, set(tokenizer.eos_token_ids), max(rows, 1),
                                plan.batch.prefill_chunk, budget, scheme=Scheme.from_plan(plan.kv),
-                               drafter=drafter, control=control)
+                               drafter=drafter, control=control,
+                               compile_step=plan.batch.compile_step)
 
 
 def _dir(plan: ExecutionPlan) -> str:
@@ -117,6 +118,7 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
 
     from appliance.bench.kv import NEVER, _prompts
     from appliance.engine.build import make_drafter
+    from appliance.engine.compiled import CompiledDecode
     from appliance.engine.kv import Scheme
     from appliance.engine.sampling import make_sampler
     from appliance.engine.step import BatchStep
@@ -126,7 +128,8 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
                                     plan.batch.prefill_chunk, model_dir=_dir(plan))
     proposes = drafter is not None and drafter.method in ("model", "mtp")
     step = BatchStep(model, set(), rows, plan.batch.prefill_chunk, Scheme.from_plan(plan.kv),
-                     drafter=drafter if proposes else None, control=control)
+                     drafter=drafter if proposes else None, control=control,
+                     compiled=CompiledDecode(model) if plan.batch.compile_step else None)
     sampler = make_sampler(SamplingParams(temperature=0.0))
     for p in _prompts(seed, rows, context, plan.model.vocab_size):
         step.insert([p], NEVER, sampler, params=SamplingParams())

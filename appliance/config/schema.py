@@ -67,6 +67,9 @@ class BatchConfig:
     max_rows: int | str = "auto"  # rows decoded together (serial: 1)
     prefill_chunk: int | str = "auto"  # prompt tokens per forward pass; rows stall <= one chunk
     prefill_rows: int = 1  # waiting prompts prefilled together in one pass (each <= one chunk)
+    # batched decode steps as one compiled graph (engine/compiled.py); off by default: see
+    # docs/benchmarks.md "Compiled decode step" for why it does not pay yet
+    compile_step: bool = False
     kv_budget: str = "auto"  # bytes for live KV: auto (from the machine) or a size, e.g. 4GiB
     max_queue: int = 64  # requests waiting for a row before new ones get 429
 

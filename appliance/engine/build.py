@@ -82,7 +82,8 @@ def build_engine(plan: ExecutionPlan) -> Engine:
         return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget,
                                    prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes,
                                    scheme=scheme, prefill_rows=b.prefill_rows,
-                                   drafter=drafter, control=control)
+                                   drafter=drafter, control=control,
+                                   compile_step=b.compile_step)
 
     mem = plan.memory  # MLX's limits come from the plan's one account (docs/memory.md)
     return Engine(load, make_scheduler, mode=b.mode, max_rows=b.max_rows,

@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from appliance.engine.budget import Budget
+from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
 from appliance.engine.memory import OUT_OF_MEMORY, Resumed, is_allocation_failure
 from appliance.engine.prefix_cache import PrefixCache
@@ -55,12 +56,14 @@ class ContinuousScheduler:
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
                  budget: Budget, prefix: PrefixCache | None = None,
                  ceiling: int | None = None, scheme: Scheme | None = None,
-                 prefill_rows: int = 1, drafter=None, control=None):
+                 prefill_rows: int = 1, drafter=None, control=None,
+                 compile_step: bool = False):
         """`prefix`: the prefix cache, if any; its RAM tier trims itself to `ceiling` minus
         the KV bytes the live rows hold and the copies waiting for the SSD writer (one
         memory ceiling for all three). `drafter`/`control`: speculative decoding
         (`appliance.engine.speculate`); with a drafter every row runs in the batched step,
-        a lone one too (the solo path does not speculate)."""
+        a lone one too (the solo path does not speculate). `compile_step`: batched plain
+        decode steps run as one compiled graph (`appliance.engine.compiled`)."""
         self.model, self.eos_ids = model, eos_ids
         self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
         self.budget = budget  # (MLX work runs on the engine thread's own stream)
@@ -68,6 +71,7 @@ class ContinuousScheduler:
         self.scheme = scheme or Scheme()
         self.prefill_rows = prefill_rows
         self.drafter, self.control = drafter, control
+        self.compiled = CompiledDecode(model) if compile_step else None  # traces kept
         self.counters = Counters(draft_method=drafter.method if drafter else None)
         self._waiting: deque = deque()
         self._rows: dict[int, Row] = {}  # BatchStep uid -> row
@@ -82,7 +86,7 @@ class ContinuousScheduler:
         # (padded) chunk and the oldest arrival gets its first token no later than alone.
         return BatchStep(self.model, self.eos_ids, self.max_rows, self.prefill_chunk,
                          self.scheme, prefill_rows=self.prefill_rows, drafter=self.drafter,
-                         control=self.control)
+                         control=self.control, compiled=self.compiled)
 
     # -- the Scheduler interface ------------------------------------------------
     def add(self, handle) -> None:

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
+from appliance.engine.compiled import compilable
+from appliance.engine.kv.native import whole_buffers
+from appliance.engine.speculate import WHOLE_BUFFER
 from appliance.engine.verify import Verifying
 
 ROW_LISTS = ("uids", "tokens", "samplers", "processors", "max_tokens", "params")
@@ -85,10 +88,18 @@ class _Decoding(_Batch, Verifying):
         self.context = [self.context[i] for i in keep]
         self.generated = [self.generated[i] for i in keep]
 
-    def step(self, model) -> tuple[list[int], list[mx.array]]:
-        """Queue the forward pass over the pending tokens; return the previous step's."""
+    def step(self, model, compiled=None) -> tuple[list[int], list[mx.array]]:
+        """Queue the forward pass over the pending tokens; return the previous step's.
+        `compiled`: a CompiledDecode, used where the layers allow it (`compilable`)."""
         inputs, current_logprobs = self.next_tokens, self.next_logprobs
-        logits = model(inputs[:, None], cache=self.layers)[:, -1, :]
+        if compiled is not None and compilable(model, self.layers):
+            logits = compiled(inputs, self.layers)
+        else:
+            # (on CUDA over whole buffers, as verify passes do: a sliced buffer is not
+            # contiguous, and attention copied it every step; measured on an H200, the
+            # whole buffer was 3-7% faster at B=8/32)
+            with whole_buffers(self.layers, 1, WHOLE_BUFFER):
+                logits = model(inputs[:, None], cache=self.layers)[:, -1, :]
         context = []
         if any(self.processors):
             rows = []

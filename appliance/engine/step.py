@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
+from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
@@ -80,7 +81,7 @@ class BatchStep:
 
     def __init__(self, model, stop_tokens: set[int], max_rows: int, prefill_chunk: int,
                  scheme: Scheme | None = None, prefill_rows: int = 1, drafter=None,
-                 control: Control | None = None):
+                 control: Control | None = None, compiled: CompiledDecode | None = None):
         """`scheme`: the plan's KV scheme (native when None). `drafter`: proposes draft
         tokens per row (None: no speculation); `control`: how many, and when."""
         self.model, self.stop_tokens = model, set(stop_tokens)
@@ -94,9 +95,11 @@ class BatchStep:
         self._decode = _Decoding()
         self._steps = 0
         self.drafter, self.control = drafter, control
+        self._compiled = compiled
         self.model_layers = len(self.scheme.make_cache(model))  # a row cache's model layers
         if getattr(drafter, "needs_hidden", False):
             self.model = Tapped(model)  # the same arithmetic, keeping the hidden states
+            self._compiled = None  # (the drafter reads them: the traced step has none)
         self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
         self.spec_ticks = 0  # decode steps that verified proposals
         self._plain_before = False  # the last decode step was a plain one
@@ -227,7 +230,7 @@ class BatchStep:
         rows.next_tokens = mx.array(last)
         rows.context = [TokenBuffer(t) for t in rows.tokens]
         rows.generated = [0] * len(ready)
-        rows.step(self.model)  # the last prompt token's forward, over these rows alone
+        rows.step(self.model, self._compiled)  # the last prompt token, over these rows alone
         self._observe(rows.uids, [[t] for t in last])
         self._decode.extend(rows)
 
@@ -236,7 +239,7 @@ class BatchStep:
         emitted = self._speculate() if self.drafter is not None else None
         spec = emitted is not None
         if not spec:
-            toks, logprobs = d.step(self.model)
+            toks, logprobs = d.step(self.model, self._compiled)
             self._observe(d.uids, [[t] for t in toks])
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
         keep, events = [], []

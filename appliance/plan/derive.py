@@ -253,3 +253,4 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
     return Derived(max_rows=rows, prefill_chunk=chunk, max_context=ctx, kv_budget=budget,
                    ram=size, activations=act, buffer_cache=cache, hit_copy=hit, copies=copies,
                    reasons=why)
+

@@ -47,6 +47,7 @@ class BatchPlan:
     max_rows: int  # rows decoded together (1 for serial)
     prefill_chunk: int  # prompt tokens per prefill pass (a running row stalls <= one chunk)
     prefill_rows: int  # prompts prefilled together, right-padded into one pass
+    compile_step: bool  # batched decode steps run as one compiled graph where layers allow
     kv_budget_bytes: int  # live KV of all rows together; admission keeps within it
     max_queue: int  # waiting requests before 429
     placement: dict[str, str]  # per layer kind present: how its rows are held

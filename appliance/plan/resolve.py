@@ -169,6 +169,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     if cache_kind != "none" and b.mode == "serial":
         problems.append(f"cache={cfg.cache.kind} with batch=serial: the serial pin prefills every "
                         "prompt from scratch; use batch=continuous, or cache=none")
+    compile_step = bool(getattr(b, "compile_step", False))
     if b.max_queue < 0:
         problems.append(f"batch.max_queue={b.max_queue} must be >= 0")
     ram_cap, ssd_cap = 0, 0  # ram_cap None: auto (derived below)
@@ -310,6 +311,17 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
             else "cache=ram: prompts sharing a prefix (system prompt, earlier turns) reuse its "
                  "KV; SSD stays opt-in (cache=tiered)")
     derived_why.update(d.reasons)
+    if compile_step:
+        uncompiled = [why for bad, why in (
+            (b.mode != "continuous", "batch=serial decodes unbatched"),
+            (set(info.layer_kinds) != {"full"}, "the model has layers other than full attention"),
+            (cfg.kv.scheme != "native", f"kv={cfg.kv.scheme} attends over codes"),
+            (draft.kind == "mtp", "draft=mtp reads hidden states the traced step does not keep"),
+        ) if bad]
+        if uncompiled:
+            notes.append("batch.compile_step=true applies to batched decode over native "
+                         "full-attention layers only; here the step runs uncompiled: "
+                         + "; ".join(uncompiled))
     if b.prefill_rows > d.max_rows:
         problems.append(f"batch.prefill_rows={b.prefill_rows} must be in 1..batch.max_rows "
                         f"({d.max_rows})")
@@ -371,7 +383,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     if draft.kind != "none":
         lone_row = "in the batched step, as a batch of one (where it speculates)"
     batch = BatchPlan(mode=b.mode, max_rows=d.max_rows, prefill_chunk=d.prefill_chunk,
-                      prefill_rows=b.prefill_rows,
+                      prefill_rows=b.prefill_rows, compile_step=compile_step,
                       kv_budget_bytes=d.kv_budget, max_queue=b.max_queue,
                       placement=placement, lone_row=lone_row)
     return ExecutionPlan(
