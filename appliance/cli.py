@@ -75,7 +75,7 @@ def run(cfg) -> int:
     if cfg.mode in ("bench", "tune"):
         from appliance.bench import check
 
-        problems += check(cfg.bench)
+        problems += check(cfg.bench, task)
     if cfg.mode == "tune":
         from appliance.bench import tune
 

@@ -65,23 +65,30 @@ def test_compiled_step_matches_batch_generator(loaded, schedule):
     assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
 
 
+@pytest.mark.parametrize("prefill_rows", [1, 3])
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
-def test_whole_buffer_decode_matches_batch_generator(loaded, schedule, monkeypatch):
-    """On CUDA the plain decode step attends over whole KV buffers (unwritten slots
-    masked), as verify passes do. The same arithmetic, run here, gives BatchGenerator's
-    tokens and the goldens'."""
+def test_cuda_shape_policy_matches_batch_generator(loaded, schedule, prefill_rows,
+                                                   monkeypatch):
+    """On CUDA, decode steps and prefill passes attend over whole KV buffers (unwritten
+    slots masked) and prefill chunks are right-padded to a few widths (`prefill_width`),
+    so MLX's attention sees few shapes. The same arithmetic, run here, gives
+    BatchGenerator's tokens (and the goldens' where they apply)."""
     from appliance.engine import rows as rows_mod
+    from appliance.engine import step as step_mod
 
-    monkeypatch.setattr(rows_mod, "WHOLE_BUFFER", True)
+    for mod in (rows_mod, step_mod):
+        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
     name, model, tok = loaded
     sch = oracle.BATCH_SCHEDULES[schedule]
     prompts = oracle.batch_prompts(tok)
     rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
             for _, _, r in sch["events"]}
-    drive(_scheduler(model, tok, sch["max_rows"]), sch["events"], rows)
+    drive(_scheduler(model, tok, sch["max_rows"], prefill_rows=prefill_rows), sch["events"],
+          rows)
     got = {r: c.tokens for r, c in rows.items()}
-    assert got == oracle.run_batch_schedule(model, tok, sch)
-    assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
+    assert got == oracle.run_batch_schedule(model, tok, sch, prefill_rows=prefill_rows)
+    if prefill_rows == 1:
+        assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
 
 
 @pytest.mark.parametrize("schedule", ["static-4", "dynamic"])

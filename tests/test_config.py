@@ -103,6 +103,26 @@ def test_cli_refuses_bench_and_tune_settings_no_mode_reads(tmp_path):
     assert "tune.trials=3: only mode=tune" in r.stderr
 
 
+def test_cli_refuses_a_bench_field_the_workload_does_not_read(tmp_path):
+    """Never accepted and ignored: bench=fleet has no agents, bench=kv no turns; each
+    workload's own fields still pass (the check runs before anything starts)."""
+    r = _cli("mode=bench", "bench=fleet", "bench.agents=4", "bench.turns=2", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "bench.agents=4 bench.turns=2: bench=fleet does not read them" in r.stderr
+    assert "it reads clients, requests_per_client" in r.stderr
+    from appliance.bench import check
+
+    class Cfg(dict):
+        __getattr__ = dict.get
+
+    from appliance.config.schema import BenchConfig
+
+    cfg = Cfg(BenchConfig().__dict__, workload="agents")
+    assert check(cfg, ["bench=agents", "bench.agents=4", "bench.think_s=0"]) == []
+    assert check(cfg, ["bench.kv_batches=[8]"])[0].startswith(
+        "bench.kv_batches=[8]: bench=agents does not read it")
+
+
 def test_cli_multirun_prints_one_plan_per_cell(tmp_path):
     r = _cli("-m", "mode=plan", "model.dtype=float32,bfloat16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

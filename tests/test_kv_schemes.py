@@ -75,6 +75,20 @@ def test_batched_rows_equal_the_reference_path_at_the_same_b(tiny, name, schedul
 
 
 @pytest.mark.parametrize("name", list(CODECS))
+def test_cuda_shape_policy_gives_the_same_tokens(tiny, name, monkeypatch):
+    """On CUDA, prefill chunks are right-padded to a few widths and native layers attend
+    over whole buffers (engine/step.py `prefill_width`); quantized rows keep their tokens."""
+    from appliance.engine import rows as rows_mod
+    from appliance.engine import step as step_mod
+
+    model, tok, prompts = tiny
+    plain = _run(model, tok, prompts, "dynamic", Scheme(CODECS[name](), (2, 3)))
+    for mod in (rows_mod, step_mod):
+        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    assert _run(model, tok, prompts, "dynamic", Scheme(CODECS[name](), (2, 3))) == plain
+
+
+@pytest.mark.parametrize("name", list(CODECS))
 def test_fast_path_logits_agree_with_the_reference_path(tiny, name):
     model, _, prompts = tiny
     out = []

@@ -42,9 +42,44 @@ _MINIMUMS = (("clients", 1), ("requests_per_client", 1), ("system_tokens", 0),
 _LIST_MINIMUMS = (("kv_batches", 1), ("kv_capacity_contexts", 1), ("spec_batches", 1))
 
 
-def check(cfg) -> list[str]:
-    """Every problem with these bench settings, one sentence each (empty: runnable)."""
+# The bench fields each workload reads (besides the target's: workload, target,
+# mlx_lm_args, progress, keep_ssd). A field set on the command line that the chosen
+# workload does not read is refused: never accepted and ignored.
+_TARGET = ("workload", "target", "mlx_lm_args", "progress", "keep_ssd")
+READS = {
+    "fleet": ("clients", "requests_per_client", "system_tokens", "user_tokens", "max_tokens",
+              "stagger_s", "jitter_s", "seed", "warmup"),
+    "decode": ("decode_tokens", "repeats"),
+    "prefix": ("prefix_tokens", "user_tokens"),
+    "kv": ("kv_budget", "kv_capacity_contexts", "kv_batches", "kv_context", "kv_short_context",
+           "decode_tokens", "repeats", "seed"),
+    "spec": ("spec_workloads", "spec_batches", "spec_context", "spec_verify_cost",
+             "decode_tokens", "repeats"),
+    "agents": ("agents", "turns", "system_tokens", "user_tokens", "tool_tokens", "max_tokens",
+               "think_s", "stagger_s", "jitter_s", "seed", "warmup", "anchor"),
+}
+
+
+def unread(workload: str, overrides) -> list[str]:
+    """The command line's `bench.<field>=...` settings that `workload` does not read."""
+    reads = set(_TARGET) | set(READS.get(workload, ()))
+    out = []
+    for o in overrides:
+        key = str(o).lstrip("+~").split("=", 1)[0]
+        if key.startswith("bench.") and key.split(".")[1] not in reads:
+            out.append(str(o))
+    return out
+
+
+def check(cfg, overrides=()) -> list[str]:
+    """Every problem with these bench settings, one sentence each (empty: runnable);
+    `overrides`: the command line, whose bench fields the workload must read."""
     problems = []
+    if cfg.workload in READS and (bad := unread(cfg.workload, overrides)):
+        problems.append(f"{' '.join(bad)}: bench={cfg.workload} does not read "
+                        f"{'it' if len(bad) == 1 else 'them'}; it reads "
+                        f"{', '.join(READS[cfg.workload])} (and the target's: "
+                        f"{', '.join(_TARGET[1:])})")
     if cfg.workload not in WORKLOADS:
         problems.append(f"bench.workload={cfg.workload!r} is not supported; valid choices: "
                         f"{', '.join(WORKLOADS)}")

@@ -23,6 +23,7 @@ from appliance.bench.client import (
     TIMEOUT,
     Endpoint,
     arrival_offsets,
+    engine_seconds,
     messages_body,
     poll_active_rows,
     stream_request,
@@ -112,11 +113,13 @@ async def _agents(ep: Endpoint, conv: Conversations, cfg, advance):
         per_agent = await asyncio.gather(*(agent(a, t0 + off) for a, off in enumerate(offsets)))
         stop.set()
         admitted = await poller
-    return [r for rs in per_agent for r in rs], admitted, t0, abandoned
+        engine = await engine_seconds(http) if ep.poll_stats else None
+    return [r for rs in per_agent for r in rs], admitted, t0, abandoned, engine
 
 
 def run_agents(ep: Endpoint, conv: Conversations, cfg, advance=lambda: None):
-    """Warm up, then every agent's conversation; (results, admitted rows, t0, abandoned)."""
+    """Warm up, then every agent's conversation; (results, admitted rows, t0, abandoned,
+    the engine's own prefill/decode seconds where the target reports them)."""
     return asyncio.run(_agents(ep, conv, cfg, advance))
 
 
@@ -128,9 +131,9 @@ def _contender(kind: str, plan: ExecutionPlan, cfg, path: Path, conv: Conversati
 
     with targets.started(kind, plan, cfg, path, outdir, overrides, bias) as (info, ep):
         with bar(f"agents -> {kind}", cfg.agents * cfg.turns, cfg.progress) as advance:
-            results, admitted, t0, abandoned = run_agents(ep, conv, cfg, advance)
+            results, admitted, t0, abandoned, engine = run_agents(ep, conv, cfg, advance)
     return {"target": info, "summary": summarize_agents(results, admitted, abandoned),
-            "requests": [request_record(r, t0) for r in results]}
+            "engine": engine, "requests": [request_record(r, t0) for r in results]}
 
 
 RATIO_KEYS = ("aggregate_tok_s", "ttft_ms_p50", "ttft_ms_p95", "ttft_ms_first_p95",

@@ -36,8 +36,21 @@ from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
+from appliance.engine.kv.native import whole_buffers
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
+
+
+def prefill_width(n: int) -> int:
+    """The tokens per row a prefill pass of n feeds on CUDA (right-padded): a power of two
+    up to 256, then a multiple of 256. MLX's CUDA attention (cuDNN) builds a graph for
+    every new (query length, key length) pair, ~50 ms each: measured on an H200 under the
+    agents bench, a hit's short tail took ~300 ms to prefill, mostly building graphs. With
+    these widths, and keys spanning whole buffers (a multiple of 256 slots), few shapes
+    recur and their graphs are reused."""
+    if n <= 256:
+        return max(16, 1 << (n - 1).bit_length())
+    return -(-n // 256) * 256
 
 
 @dataclass
@@ -104,6 +117,7 @@ class BatchStep:
         self.spec_ticks = 0  # decode steps that verified proposals
         self._plain_before = False  # the last decode step was a plain one
         self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
+        self._asked = False  # this step read the pending tokens for drafts and found none
 
     def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
         """Tell an MTP drafter what the model just fed each row, with its hidden states."""
@@ -191,23 +205,29 @@ class BatchStep:
         for row, c in zip(self._prefill.tokens, chunks, strict=True):
             row += c
         lengths = [len(c) for c in chunks]
-        pad = [max(lengths) - n for n in lengths]
+        width = prefill_width(max(lengths)) if WHOLE_BUFFER else max(lengths)
+        pad = [width - n for n in lengths]
         if max(pad) > 0:
             x = mx.array([c + [0] * p for c, p in zip(chunks, pad, strict=True)])
             for c in self._prefill.layers:
                 c.prepare(lengths=lengths, right_padding=pad)
         else:
             x = mx.array(chunks)
-        self.model(x, cache=self._prefill.layers)
+        with whole_buffers(self._prefill.layers, width, WHOLE_BUFFER):
+            self.model(x, cache=self._prefill.layers)
         self._observe(self._prefill.uids, chunks)
         mx.eval([c.state for c in self._prefill.layers], self._hidden())
         if self._prefill.extra:  # a draft model or MTP head prefills beside the model
             self.drafter.prefill(self._prefill, chunks)
-        mx.clear_cache()
         if max(pad) > 0:
             for c in self._prefill.layers:
                 c.finalize()
             mx.eval([c.state for c in self._prefill.layers])
+        if max(lengths) >= self.prefill_chunk:
+            # Free a whole chunk's activations, as generate_step does; not a short tail's
+            # (most chunks under an agent load, after a prefix hit): on CUDA this syncs the
+            # device and empties MLX's buffer pool, which the next steps then refill.
+            # MLX's cache limit (the plan's buffer_cache_bytes) bounds the pool meanwhile.
             mx.clear_cache()
 
     def _start_decoding(self, ready: list[int]) -> None:
@@ -236,6 +256,7 @@ class BatchStep:
 
     def _decode_step(self) -> list[TokenEvent]:
         d, rows = self._decode, len(self._decode)
+        self._asked = False
         emitted = self._speculate() if self.drafter is not None else None
         spec = emitted is not None
         if not spec:
@@ -263,13 +284,15 @@ class BatchStep:
             d.filter(keep)
         # The control compares modes by the wall time from one decode step's end to the
         # next (what the rows see), where no prefill ran between; a plain step right after
-        # a speculative one restarts the pipeline and is not a measurement.
+        # a speculative one restarts the pipeline and is not a measurement, nor is one that
+        # asked for drafts and found none (it read the pending tokens first).
         now = time.perf_counter()
         if self.drafter is not None:
-            if self._quiet and self._last_end and (spec or self._plain_before):
+            if self._quiet and self._last_end and (spec or self._plain_before) \
+                    and not self._asked:
                 self.control.timed(rows, spec, now - self._last_end,
                                    sum(len(e[0]) for e in emitted))
-            self._plain_before = not spec
+            self._plain_before = not spec and not self._asked
         self._last_end = now
         return events
 
@@ -287,7 +310,9 @@ class BatchStep:
             ks.append(0 if pend[i] in self.stop_tokens or room <= 0
                       else min(room, ctl.budget(uid)))
         drafts, qs = self.drafter.propose(d, pend, ks)
+        ctl.found(rows, any(drafts))
         if not any(drafts) and not self.drafter.fed:
+            self._asked = True  # a plain step, but after reading the pending tokens
             return None  # nothing proposed, nothing fed to a draft: a plain step
         out = d.verify(self.model, pend, drafts, qs, width=ctl.k + 1 if WHOLE_BUFFER else 0)
         self.drafter.settle(d)

@@ -61,9 +61,12 @@ class FullLayout(BatchKVCache):
 
 class whole_buffers:
     """`with whole_buffers(layers, n, on)`: for a pass of n tokens per row, full-attention
-    layouts attend over their whole buffers (see FullLayout); a no-op unless `on`."""
+    layouts attend over their whole buffers (see FullLayout); a no-op unless `on`, and
+    where encoded layers sit beside native ones (the model builds one mask, from its first
+    layer, for every full-attention layer: their key lengths must agree)."""
 
     def __init__(self, layers: list, n: int, on: bool):
+        on = on and not any(hasattr(c, "decode_like") for c in layers)
         self.layers = [c for c in layers if isinstance(c, FullLayout)
                        and c.keys is not None] if on else []
         self.n = n
