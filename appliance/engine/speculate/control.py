@@ -13,7 +13,10 @@ from appliance.engine.kv.affine import on_cuda
 
 # Multi-token passes attend over whole KV buffers where MLX compiles per key length (CUDA).
 WHOLE_BUFFER = on_cuda()
-IDLE_MAX = 8  # most plain steps run without asking for drafts after asking found none
+# Most plain steps run without asking for drafts after asking found none (`Control.found`):
+# on CUDA, where a step that asks loses its pipelining; not on CPU, where a step's compute
+# dwarfs that and waiting only missed drafts (edit bursts).
+IDLE_MAX = 4 if WHOLE_BUFFER else 0
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Control:
     pause_below: float = 0.1
     pause_steps: int = 4
     explore_every: int = 32
+    idle_max: int = IDLE_MAX
     _rows: dict[int, _Row] = field(default_factory=dict)
     _secs: dict[tuple[int, bool], float] = field(default_factory=dict)  # (B, spec) -> s/step
     _gain: dict[int, float] = field(default_factory=dict)  # B -> tokens per row per spec step
@@ -154,16 +158,16 @@ class Control:
         step its pipelining (the pending tokens are read first): measured on an H200, a
         lookup that never matched ran at 0.76x. So after a step that found nothing, plain
         pipelined steps run for a while without asking: 1 step, then twice as many each
-        time in a row, up to IDLE_MAX (short: an edit's matches come in bursts, and a
-        longer wait missed them: lookup/edit at B=4 on CPU fell from 1.29x to 1.03x with
-        64); a step that finds drafts resets the wait."""
-        if not self.adaptive:
+        time in a row, up to `idle_max` (short: an edit's matches come in bursts, and a
+        longer wait missed them); a step that finds drafts resets the wait."""
+        if not self.adaptive or not self.idle_max:
             return
         b = _bucket(rows)
         if any_drafts:
             self._idle_gap[b] = 0
             return
-        self._idle_gap[b] = self._idle[b] = min(IDLE_MAX, max(1, 2 * self._idle_gap.get(b, 0)))
+        self._idle_gap[b] = self._idle[b] = min(self.idle_max,
+                                                max(1, 2 * self._idle_gap.get(b, 0)))
 
     def _first_gap(self, b: int, winner: bool) -> int:
         """Steps before the slower mode is probed: `explore_every`, stretched by what a
