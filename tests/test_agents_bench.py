@@ -133,7 +133,10 @@ def test_ctrl_c_stops_the_server(tmp_path, target):
            "cache=tiered", f"bench.target={target}", "bench.anchor=none", "bench.agents=2",
            "bench.turns=100", "bench.max_tokens=32", "bench.system_tokens=64",
            "bench.tool_tokens=32", "bench.warmup=0"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # a background job of a non-interactive shell inherits SIGINT ignored (POSIX), as would
+    # the bench: start it with the default disposition, as a terminal's Ctrl-C finds it
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     server = port = None
     try:
         deadline = time.time() + 120
