@@ -44,10 +44,10 @@ from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tappe
 def prefill_width(n: int) -> int:
     """The tokens per row a prefill pass of n feeds on CUDA (right-padded): a power of two
     up to 256, then a multiple of 256. MLX's CUDA attention (cuDNN) builds a graph for
-    every new (query length, key length) pair, ~50 ms each: measured on an H200 under the
-    agents bench, a hit's short tail took ~300 ms to prefill, mostly building graphs. With
-    these widths, and keys spanning whole buffers (a multiple of 256 slots), few shapes
-    recur and their graphs are reused."""
+    every new (query length, key length) pair, ~50 ms each (measured on an H200 for verify
+    passes), and every prefix hit's tail had a new pair. With these widths, and keys
+    spanning whole buffers (a multiple of 256 slots), fewer shapes recur and their graphs
+    are reused."""
     if n <= 256:
         return max(16, 1 << (n - 1).bit_length())
     return -(-n // 256) * 256
