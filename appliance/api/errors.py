@@ -32,6 +32,14 @@ class APIError(Exception):
                           "param": self.param, "code": self.code}}
 
 
+class ClientGone(APIError):
+    """The client went away before its answer: the engine request is cancelled and this
+    response (nginx's 499, "client closed request") reaches nobody; /metrics counts it."""
+
+    def __init__(self):
+        super().__init__(499, "the client closed the request", code="client_closed_request")
+
+
 # How the engine ends the requests a graceful stop could not finish (serve.py's drain).
 SHUTTING_DOWN = "the server is shutting down (server.drain_seconds ran out); retry elsewhere"
 

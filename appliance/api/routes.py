@@ -14,7 +14,7 @@ from litestar.params import JSONBody
 from litestar.response import Response, Stream
 
 from appliance.api import anthropic, metrics, responses, wire
-from appliance.api.errors import generation_failed
+from appliance.api.errors import ClientGone, generation_failed
 from appliance.api.requests import Prepared, prepare_chat, prepare_completion
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.textgen import Done, Piece, generate
@@ -32,7 +32,7 @@ async def _watch_disconnect(request: Request) -> None:
 
 async def _unless_disconnected(request: Request, gen, awaitable):
     """Await `awaitable`; if the client goes away first, close `gen` (cancelling the
-    engine request) and give up."""
+    engine request) and answer 499 to nobody."""
     work = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(_watch_disconnect(request))
     try:
@@ -41,8 +41,11 @@ async def _unless_disconnected(request: Request, gen, awaitable):
         watcher.cancel()
     if not work.done():
         work.cancel()
+        # Let the cancelled task leave `gen` first: closing a generator that is still
+        # running raises (that surfaced as a 500 for a client that had gone).
+        await asyncio.gather(work, return_exceptions=True)
         await gen.aclose()
-        raise asyncio.CancelledError
+        raise ClientGone
     return work.result()
 
 
