@@ -126,6 +126,12 @@ def test_tool_choice_none_keeps_the_tools_and_answers_in_text(claude, plan):
     ({"service_tier": "priority"}, 400, "service_tier"),
     ({"model": "claude-nope"}, 404, "claude-nope"),
     ({"max_tokens": 20000}, 400, "max_tokens"),
+    # nested fields this server does not read are refused too, never ignored
+    ({"messages": [{"role": "user", "content": "hi", "bogus": 1}]}, 400, "messages[0].bogus"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "bogus": 1}]}]},
+     400, "messages[0].content[0].bogus"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}, "bogus": 1}]}, 400,
+     "tools[0].bogus"),
     ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
 ])
 def test_errors_have_anthropics_shape(claude, plan, extra, status, fragment):

@@ -110,6 +110,12 @@ def test_structured_text_format(client, plan):
     ({"service_tier": "flex"}, "service_tier"),
     ({"not_a_field": 1}, "not_a_field"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": "hi", "bogus": 1}]}, "input[0].bogus"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi", "x": 1}]}]},
+     "input[0].content[0].x"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}, "bogus": 1}]},
+     "tools[0].bogus"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}},
      "text.format.schema"),
 ])

@@ -315,6 +315,44 @@ def test_unknown_and_unsupported_message_fields_are_refused_by_name(server, plan
     assert r.json()["error"]["param"] == param
 
 
+FN = {"name": "f", "parameters": {"type": "object"}}
+
+
+@pytest.mark.parametrize("path,extra,param", [
+    ("chat/completions", {"stream": True, "stream_options": {"bogus": 1}}, "stream_options.bogus"),
+    ("chat/completions", {"stream": True, "stream_options": {"include_obfuscation": True}},
+     "stream_options.include_obfuscation"),
+    ("chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+    ("completions", {"stream": True, "stream_options": {"bogus": 1}}, "stream_options.bogus"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x", "bogus": 1}]}]}, "messages[0].content[0].bogus"),
+    ("chat/completions", {"response_format": {"type": "text", "bogus": 1}},
+     "response_format.bogus"),
+    ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "object"}, "description": "d"}}},
+     "response_format.json_schema.description"),
+    ("chat/completions", {"tools": [{"type": "function", "function": {**FN, "bogus": 1}}]},
+     "tools[0].function.bogus"),
+    ("chat/completions", {"tools": [{"type": "function", "function": FN, "bogus": 1}]},
+     "tools[0].bogus"),
+    ("chat/completions", {"tools": [{"type": "function", "function": FN}], "tool_choice": {
+        "type": "function", "function": {"name": "f"}, "bogus": 1}}, "tool_choice.bogus"),
+    ("responses", {"text": {"format": {"type": "json_schema", "name": "a",
+                                       "schema": {"type": "object"}, "bogus": 1}}},
+     "text.format.bogus"),
+])
+def test_unknown_nested_fields_are_refused_by_name(server, plan, path, extra, param):
+    """Never accepted and ignored, inside objects either."""
+    body = {"model": plan.model.id, "max_tokens": 2, "messages": MSGS, **extra}
+    if path == "completions":
+        body = {"model": plan.model.id, "max_tokens": 2, "prompt": "x", **extra}
+    if path == "responses":
+        body = {"model": plan.model.id, "max_output_tokens": 16, "input": "x", **extra}
+    r = httpx.post(f"{server}/v1/{path}", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
 def test_what_an_assistant_message_carries_back_is_accepted(client, plan):
     """An agent sends the API's own assistant message back in its history."""
     first = client.chat.completions.create(model=plan.model.id, messages=MSGS, max_tokens=3)

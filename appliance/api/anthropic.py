@@ -32,6 +32,7 @@ from appliance.api.errors import (
     handle_too_deep,
     handle_validation,
     invalid,
+    only_known,
 )
 from appliance.api.output import response_schema
 from appliance.api.requests import (
@@ -125,6 +126,13 @@ HANDLERS = {APIError: _api_error, ValidationException: _as_anthropic(handle_vali
 
 
 # -- request -> Conversation ------------------------------------------------------------------
+# What each block may carry. cache_control is accepted: prefix caching here is automatic,
+# so every breakpoint is honored (and more).
+BLOCK_KEYS = {"text": ("type", "text", "cache_control", "citations"),
+              "tool_use": ("type", "id", "name", "input", "cache_control"),
+              "tool_result": ("type", "tool_use_id", "content", "is_error", "cache_control")}
+
+
 def _text(blocks, param: str) -> str:
     if isinstance(blocks, str):
         return blocks
@@ -136,6 +144,7 @@ def _text(blocks, param: str) -> str:
             kind = b.get("type") if isinstance(b, dict) else type(b).__name__
             raise invalid(f"{param}[{j}].type", f"{kind!r} blocks are not supported here "
                                                 "(text only)")
+        only_known(b, BLOCK_KEYS["text"], f"{param}[{j}]")
     return "".join(b["text"] for b in blocks)
 
 
@@ -145,6 +154,7 @@ def _messages(body: MessagesRequest) -> list[dict]:
         out.append({"role": "system", "content": _text(body.system, "system")})
     for i, m in enumerate(body.messages):
         role, content = m.get("role"), m.get("content")
+        only_known(m, ("role", "content"), f"messages[{i}]")
         if role not in ("user", "assistant"):
             raise invalid(f"messages[{i}].role", f"{role!r} is not one of user, assistant")
         if isinstance(content, str):
@@ -156,6 +166,8 @@ def _messages(body: MessagesRequest) -> list[dict]:
         for j, b in enumerate(content):
             kind = b.get("type") if isinstance(b, dict) else None
             where = f"messages[{i}].content[{j}]"
+            if kind in BLOCK_KEYS:
+                only_known(b, BLOCK_KEYS[kind], where)
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
             elif kind == "tool_use" and role == "assistant":
@@ -191,6 +203,9 @@ def _tools(tools) -> list[dict] | None:
                                               "input_schema) are supported")
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise invalid(f"tools[{i}].name", "every tool needs a name")
+        # (strict: calls are constrained to input_schema either way)
+        only_known(t, ("type", "name", "description", "input_schema", "cache_control",
+                       "strict"), f"tools[{i}]")
         if not isinstance(t.get("input_schema"), dict):
             raise invalid(f"tools[{i}].input_schema", "must be a JSON schema object")
         fn = {"name": t["name"], "parameters": t["input_schema"]}
@@ -237,8 +252,9 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer) -> Prepared:
         fmt = oc["format"]
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
             raise invalid("output_config.format.type", "only 'json_schema' is supported")
-        schema = response_schema({"type": "json_schema", "json_schema": fmt},
-                                 "output_config.format")
+        only_known(fmt, ("type", "schema"), "output_config.format")
+        schema = response_schema({"type": "json_schema", "json_schema": {"schema":
+                                  fmt.get("schema")}}, "output_config.format")
     _range("temperature", body.temperature, 0, 1)
     _range("top_p", body.top_p, 0, 1, lo_open=True)
     vocab = plan.model.vocab_size

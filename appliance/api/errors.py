@@ -58,6 +58,14 @@ def invalid(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param=param, code="invalid_value")
 
 
+def only_known(obj: dict, known: tuple[str, ...], param: str) -> None:
+    """A 400 naming the first key of the request object `obj` (at `param`) that this server
+    does not read: nested fields are never accepted and ignored either."""
+    for key in obj:
+        if key not in known:
+            raise invalid(f"{param}.{key}", f"is not supported (supported: {', '.join(known)})")
+
+
 def _respond(err: APIError) -> Response:
     return Response(err.body(), status_code=err.status, headers=err.headers)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from appliance.api import tools as tl
-from appliance.api.errors import APIError, invalid
+from appliance.api.errors import APIError, invalid, only_known
 from appliance.api.grammar import Grammar, compile_grammar, json_rule
 
 
@@ -33,6 +33,7 @@ def response_schema(rf, param: str = "response_format") -> dict | None:
         return None
     if not isinstance(rf, dict):
         raise invalid(param, "must be an object")
+    only_known(rf, ("type", "json_schema"), param)
     kind = rf.get("type")
     if kind in (None, "text"):
         return None
@@ -40,6 +41,8 @@ def response_schema(rf, param: str = "response_format") -> dict | None:
         return {"type": "object"}
     if kind == "json_schema":
         spec = rf.get("json_schema")
+        if isinstance(spec, dict):  # (strict: the output is constrained to it either way)
+            only_known(spec, ("name", "schema", "strict"), f"{param}.json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise invalid(f"{param}.json_schema.schema", "must be a JSON schema object")

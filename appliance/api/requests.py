@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from appliance.api.errors import APIError, invalid
+from appliance.api.errors import APIError, invalid, only_known
 from appliance.api.output import output_spec, response_schema
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from appliance.api.tools import ToolFormat, message_tool_calls
@@ -147,6 +147,8 @@ def _message_dict(i: int, m) -> dict:
     if isinstance(content, list):  # text parts only, joined (as mlx-lm's server does)
         if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in content):
             raise invalid(f"messages[{i}].content", "only 'text' content parts are supported")
+        for j, p in enumerate(content):
+            only_known(p, ("type", "text"), f"messages[{i}].content[{j}]")
         content = "".join(p["text"] for p in content)
     d = {"role": m.role, "content": content or ""}
     for k in ("name", "tool_call_id"):
@@ -187,6 +189,21 @@ def _chat_fields(body: ChatCompletionRequest) -> None:
     if body.service_tier not in (None, "auto", "default"):
         raise invalid("service_tier", f"{body.service_tier!r}: this server has one tier "
                                       "('auto' or 'default')")
+    _stream_options(body)
+
+
+def _stream_options(body) -> None:
+    """stream_options: include_usage is read; include_obfuscation only as false (no
+    obfuscation padding is ever added); only with stream=true, as OpenAI requires."""
+    so = body.stream_options
+    if so is None:
+        return
+    if not body.stream:
+        raise invalid("stream_options", "is only allowed when stream is true")
+    only_known(so, ("include_usage", "include_obfuscation"), "stream_options")
+    if so.get("include_obfuscation"):
+        raise invalid("stream_options.include_obfuscation",
+                      "obfuscation padding is not supported (false is the only value)")
 
 
 @dataclass(frozen=True)
@@ -308,6 +325,7 @@ def _splitting_tokens(tokenizer) -> tuple[str, ...]:
 
 def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
     _check_model(body, plan)
+    _stream_options(body)
     if body.best_of not in (None, 1):
         raise invalid("best_of", f"{body.best_of}: only best_of=1 is supported")
     if body.echo or body.suffix:

@@ -18,7 +18,7 @@ from litestar.response import Stream
 from msgspec import Meta
 
 from appliance.api import metrics
-from appliance.api.errors import APIError, generation_failed, invalid
+from appliance.api.errors import APIError, generation_failed, invalid, only_known
 from appliance.api.output import response_schema
 from appliance.api.requests import (
     Conversation,
@@ -87,6 +87,14 @@ REFUSED = {"previous_response_id": "this server stores no responses; send the co
            "prompt_cache_retention": "prefix caching is automatic: no retention policy"}
 
 
+# What each input item may carry: an agent sends the API's own output items back, so their
+# ids, statuses and annotations are accepted (they describe that output, nothing to honor).
+PART_KEYS = ("type", "text", "annotations", "logprobs")
+ITEM_KEYS = {"message": ("type", "role", "content", "id", "status"),
+             "function_call": ("type", "call_id", "name", "arguments", "id", "status"),
+             "function_call_output": ("type", "call_id", "output", "id", "status")}
+
+
 def _content_text(content, param: str) -> str:
     if isinstance(content, str):
         return content
@@ -98,6 +106,7 @@ def _content_text(content, param: str) -> str:
                                                             "text"):
             kind = p.get("type") if isinstance(p, dict) else None
             raise invalid(f"{param}[{j}].type", f"{kind!r}: only text parts are supported")
+        only_known(p, PART_KEYS, f"{param}[{j}]")
         parts.append(p.get("text") or "")
     return "".join(parts)
 
@@ -110,6 +119,8 @@ def _messages(body: ResponsesRequest) -> list[dict]:
         return [*out, {"role": "user", "content": body.input}]
     for i, item in enumerate(body.input):
         kind = item.get("type", "message")
+        if kind in ITEM_KEYS:
+            only_known(item, ITEM_KEYS[kind], f"input[{i}]")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
@@ -147,6 +158,7 @@ def _tools(tools) -> list[dict] | None:
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
             raise invalid(f"tools[{i}].type", f"{kind!r}: only function tools are supported")
+        only_known(t, ("type", "name", "description", "parameters", "strict"), f"tools[{i}]")
         fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -159,11 +171,14 @@ def _tool_choice(choice):
 
 
 def _schema(text: dict | None) -> dict | None:
+    only_known(text or {}, ("format",), "text")
     fmt = (text or {}).get("format")
     if fmt is None:
         return None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":  # flat, unlike chat's
-        return response_schema({"type": "json_schema", "json_schema": fmt}, "text.format")
+        only_known(fmt, ("type", "name", "schema", "strict"), "text.format")
+        spec = {k: v for k, v in fmt.items() if k != "type"}
+        return response_schema({"type": "json_schema", "json_schema": spec}, "text.format")
     return response_schema(fmt, "text.format")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from appliance.api.errors import invalid
+from appliance.api.errors import invalid, only_known
 from appliance.api.grammar import json_rule, lark_string
 
 NL = "\n"
@@ -36,9 +36,12 @@ def check_tools(tools, param: str = "tools") -> list[dict]:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function":
             raise invalid(f"{param}[{i}].type", "only 'function' tools are supported")
+        only_known(t, ("type", "function"), f"{param}[{i}]")
         fn = t.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid(f"{param}[{i}].function.name", "every function needs a name")
+        # (strict: calls are constrained to `parameters` whatever it says)
+        only_known(fn, ("name", "description", "parameters", "strict"), f"{param}[{i}].function")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise invalid(f"{param}[{i}].function.parameters", "must be a JSON schema object")
@@ -59,6 +62,9 @@ def chosen(tools: list[dict], tool_choice, param: str = "tool_choice") -> tuple[
     if tool_choice is None or tool_choice in ("auto", "none", "required"):
         return tool_choice or "auto", tools
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        only_known(tool_choice, ("type", "function"), param)
+        if isinstance(tool_choice.get("function"), dict):
+            only_known(tool_choice["function"], ("name",), f"{param}.function")
         name = (tool_choice.get("function") or {}).get("name")
         named = [t for t in tools if t["function"]["name"] == name]
         if not named:
