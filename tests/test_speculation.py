@@ -197,12 +197,35 @@ def test_cancelled_and_stopped_rows_emit_nothing_past_their_end(loaded):
     assert len(rows["b"].tokens) <= ROWS["b"][1]
 
 
-def test_a_seeded_sampled_row_is_reproducible_with_the_same_draft_settings():
+@pytest.mark.parametrize("kind", ["lookup", "mtp"])
+def test_a_seeded_sampled_row_is_reproducible_with_the_same_draft_settings(kind):
+    """A seeded sampled row proposes nothing, so its tokens do not depend on which steps
+    the (timed) control let speculate, nor on the rows beside it: the same as with no
+    draft, alone or batched. Unseeded and greedy rows beside it still speculate."""
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
-    s = SamplingParams(temperature=0.8, top_p=0.95, seed=7, repetition_penalty=1.1)
-    a, _ = run(model, tok, "static-4", lookup(), sampling=s)
-    b, _ = run(model, tok, "static-4", lookup(), sampling=s)
-    assert {r: c.tokens for r, c in a.items()} == {r: c.tokens for r, c in b.items()}
+    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=7, repetition_penalty=1.1)
+
+    def draft(adaptive: bool):
+        if kind == "lookup":
+            return lookup(adaptive=adaptive)
+        mx.random.seed(0)
+        return MTPDrafter(MTPHead.for_model(model), model, 16), Control(3, adaptive)
+
+    p = prompts(tok)
+    outs = []
+    for d, beside in ((None, ""), (draft(False), ""), (draft(True), ""), (draft(False), "bcd"),
+                      (draft(True), "bcd")):
+        rows = {"a": Collector(GenerationRequest(p["a"], ROWS["a"][1], seeded))}
+        rows |= {r: Collector(GenerationRequest(p[r], ROWS[r][1], SamplingParams()))
+                 for r in beside}  # greedy rows, which speculate
+        s = scheduler(model, tok, 4, d)
+        drive(s, [(0, "insert", r) for r in rows], rows)
+        outs.append(rows["a"].tokens)
+        assert rows["a"].finished.accepted_prediction_tokens == 0
+        assert rows["a"].finished.rejected_prediction_tokens == 0
+        if beside and kind == "lookup":
+            assert s.counters.draft_proposed > 0  # the greedy rows did speculate
+    assert len(outs[0]) == ROWS["a"][1] and all(o == outs[0] for o in outs), outs
 
 
 # -- sampling is exact: the first tokens' distribution -------------------------------------

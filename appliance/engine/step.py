@@ -53,6 +53,14 @@ def prefill_width(n: int) -> int:
     return -(-n // 256) * 256
 
 
+def _seeded(params) -> bool:
+    """A seeded sampled row proposes nothing: its draws then come from its own stream one
+    token at a time, as without a draft, whatever the control decides and whichever rows
+    run beside it, so the request is reproducible (speculation's draws would depend on
+    which steps speculated, a choice made from measured step times)."""
+    return params is not None and params.seed is not None and params.temperature > 0
+
+
 @dataclass
 class PromptEvent:
     """A prefill chunk ran for `uid`; `end_of_segment`: it ended one of its segments (a
@@ -307,7 +315,7 @@ class BatchStep:
         ks = []
         for i, uid in enumerate(d.uids):
             room = d.max_tokens[i] - d.generated[i] - 1  # the pending token is emitted too
-            ks.append(0 if pend[i] in self.stop_tokens or room <= 0
+            ks.append(0 if pend[i] in self.stop_tokens or room <= 0 or _seeded(d.params[i])
                       else min(room, ctl.budget(uid)))
         drafts, qs = self.drafter.propose(d, pend, ks)
         ctl.found(rows, any(drafts))

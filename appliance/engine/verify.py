@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from appliance.engine.kv.native import RecurrentLayout, drop_tails, whole_buffers
-from appliance.engine.sampling import distribution, row_key
+from appliance.engine.sampling import SeededSampler, distribution, row_key
 from appliance.engine.speculate import WHOLE_BUFFER, accept_deterministic, accept_sampled
 
 
@@ -90,7 +90,8 @@ class Verifying:
     def _sample_all(self, logits: mx.array, fed: list[list[int]]):
         """Per row, log-probabilities [n_i, V] at each fed position (logits processors
         applied with the history up to that position) and each position's sample."""
-        if not any(self.processors) and all(s is self.samplers[0] for s in self.samplers):
+        if not any(self.processors) and all(s is self.samplers[0] for s in self.samplers) \
+                and not isinstance(self.samplers[0], SeededSampler):  # (one key per token)
             lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             B, L, V = lp.shape
             sampled = self.samplers[0](lp.reshape(B * L, V)).reshape(B, L)

@@ -71,6 +71,7 @@ def resolve_draft(d: Any, target_dir: Path | None, info, dtype: str, batch_mode:
               "min(1, p/q) and resamples from max(0, p-q) at the first rejection")
     if "recurrent" in info.layer_kinds:
         verify += "; recurrent layers return to a snapshot and re-feed the kept tokens"
+    verify += "; a seeded sampled row proposes nothing (its text stays reproducible)"
     if d.kind == "lookup":
         lo, hi = d.ngram_min, d.ngram_max
         if lo is None or hi is None or not 1 <= lo <= hi <= 16:

@@ -55,7 +55,7 @@ class _Sampled:
                     for proc in batch.processors[i]:
                         row = proc(ctx, row)
                 lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
-                if greedy[i]:
+                if greedy[i] or not (ready[i] and j < ks[i]):  # (not a draft: no key spent)
                     picks.append(mx.argmax(lp, axis=-1))
                     continue
                 q = distribution(batch.params[i], lp)[0]
