@@ -73,6 +73,24 @@ def test_stop_sequences_cut_the_text(client, plan, engine):
         assert finish == "stop"
 
 
+def test_no_logprobs_past_a_stop(client, plan, engine):
+    """The tokens a response's logprobs carry are those whose text starts before the stop:
+    the last of them starts inside the text returned (none begins at or after the cut)."""
+    case = golden_cases()["class-greedy"]
+    full = engine.tokenizer.decode(case["tokens"])
+    for cut in range(6, 14, 3):  # stops beginning at several points of the continuation
+        stop = full[cut:cut + 3]
+        for stream in (False, True):
+            r = client.completions.create(model=plan.model.id, prompt=case["prompt"],
+                                          max_tokens=case["max_tokens"], stop=[stop],
+                                          logprobs=1, stream=stream)
+            choices = [c.choices[0] for c in r if c.choices] if stream else r.choices
+            text = "".join(c.text for c in choices)
+            tokens = [t for c in choices if c.logprobs for t in c.logprobs.tokens]
+            assert text == full[: full.find(stop)] and tokens
+            assert len("".join(tokens[:-1])) < len(text) <= len("".join(tokens)), (stop, tokens)
+
+
 def test_stream_usage_when_asked(client, plan):
     chunks = list(client.chat.completions.create(
         model=plan.model.id, messages=[{"role": "user", "content": "hi"}], max_tokens=5,

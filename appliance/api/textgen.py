@@ -63,6 +63,7 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
     handle = submit(engine, request)
     detok = tokenizer.detokenizer
     pending, toks = "", []  # text decoded but not yet released, and its tokens
+    starts: list[int] = []  # where each of those tokens' text starts in `pending`
     stopped: str | None = None  # the stop sequence matched
     used = 0  # tokens that made it into the text (in-flight ones after a stop do not count)
     try:
@@ -82,18 +83,22 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
                 continue  # tokens already in flight when we cancelled
             used += 1
             toks.append(event)
+            starts.append(len(pending))
             detok.add_token(event.id)
             pending += detok.last_segment
             hits = [(i, s) for s in stops if (i := pending.find(s)) >= 0]
             if hits:
                 at, stopped = min(hits)
                 handle.cancel()
-                yield Piece(pending[:at], tuple(toks))
+                # only the tokens whose text starts before the stop: nothing past it is
+                # released, log-probabilities included
+                yield Piece(pending[:at], tuple(t for t, a in zip(toks, starts, strict=True)
+                                                    if a < at))
                 continue
             keep = _held_back(pending, stops)
             if len(pending) > keep:
                 yield Piece(pending[: len(pending) - keep], tuple(toks))
-                pending, toks = pending[len(pending) - keep:], []
+                pending, toks, starts = pending[len(pending) - keep:], [], []
     finally:
         handle.cancel()  # client gone or generator closed: stop at the next step
 
