@@ -181,7 +181,8 @@ def test_constrained_rows_speculate_exactly(server, plan):
     """Constrained decoding composes with speculative decoding (draft=lookup, speculating
     at every step): in one batch of JSON-schema rows, free rows and a forced call, streamed
     and not, greedy and seeded, every constrained output validates, drafts are kept on
-    constrained rows, and the greedy rows equal this server's (draft=none) output."""
+    greedy constrained rows (seeded sampled rows do not speculate), and the greedy rows
+    equal this server's (draft=none) output."""
     from conftest import ORACLE_PIN, app_for
 
     # this server's settings (ORACLE_PIN), with the draft the only difference
@@ -193,7 +194,10 @@ def test_constrained_rows_speculate_exactly(server, plan):
     for i, ((kind, text, kept), (_, want, _)) in enumerate(zip(spec, plain, strict=True)):
         if kind == "json":
             jsonschema.validate(json.loads(text), PERSON)
-            assert kept > 0, i  # the row speculated, and drafts survived its grammar
+            if i < 4:
+                assert kept > 0, i  # the row speculated, and drafts survived its grammar
+            else:  # seeded and sampled: it proposes nothing, so its text is reproducible
+                assert kept == 0, i
         if kind == "call":
             name, args = text.split(" ", 1)
             jsonschema.validate(json.loads(args), TOOL_SCHEMAS[name])
