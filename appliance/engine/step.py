@@ -38,6 +38,7 @@ from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
 from appliance.engine.kv.native import whole_buffers
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
+from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
 
 
@@ -51,14 +52,6 @@ def prefill_width(n: int) -> int:
     if n <= 256:
         return max(16, 1 << (n - 1).bit_length())
     return -(-n // 256) * 256
-
-
-def _seeded(params) -> bool:
-    """A seeded sampled row proposes nothing: its draws then come from its own stream one
-    token at a time, as without a draft, whatever the control decides and whichever rows
-    run beside it, so the request is reproducible (speculation's draws would depend on
-    which steps speculated, a choice made from measured step times)."""
-    return params is not None and params.seed is not None and params.temperature > 0
 
 
 @dataclass
@@ -315,7 +308,11 @@ class BatchStep:
         ks = []
         for i, uid in enumerate(d.uids):
             room = d.max_tokens[i] - d.generated[i] - 1  # the pending token is emitted too
-            ks.append(0 if pend[i] in self.stop_tokens or room <= 0 or _seeded(d.params[i])
+            # A seeded sampled row proposes nothing: it then draws from its own key one
+            # token a step, as without a draft, whatever the (timed) control decides and
+            # whichever rows run beside it, so its text is reproducible.
+            seeded = isinstance(d.samplers[i], SeededSampler)
+            ks.append(0 if pend[i] in self.stop_tokens or room <= 0 or seeded
                       else min(room, ctl.budget(uid)))
         drafts, qs = self.drafter.propose(d, pend, ks)
         ctl.found(rows, any(drafts))
