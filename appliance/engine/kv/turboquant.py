@@ -11,7 +11,8 @@ coordinates at 4 bits, half at 3).
 Attention runs in the rotated space: q is rotated once (float32), scores are
 n_t <Rq, c[idx_t]>, the values are weighted in rotated space, and one inverse rotation
 maps the output back. On MLX's CUDA backend a decode step runs two fused kernels over the
-packed codes (turboquant_cuda.py); elsewhere it is plain MLX (gathers). The plan says which.
+packed codes, and one kernel encodes (turboquant_cuda.py); elsewhere it is plain MLX
+(gathers). The plan says which.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class TurboCodec:
         # the fused decode kernels: MLX's CUDA backend, whole bits (tests/test_kv_cuda.py)
         self.fused = (cuda_decode.available() and key_bits == int(key_bits)
                       and value_bits == int(value_bits))
+        self.fused_encode = cuda_decode.available()  # whole bits (one segment) only
 
     def _book(self, bits: int):
         h = mx.array(CENTROIDS[bits], dtype=mx.float32) / math.sqrt(self.dim)
@@ -172,8 +174,13 @@ class TurboCodec:
         x = x.astype(mx.float32)
         n = mx.linalg.norm(x, axis=-1, keepdims=True)
         y = self.rotate(x / mx.maximum(n, 1e-12))
+        segments = self._segments(which)
+        if len(segments) == 1 and self.fused_encode:
+            bits = segments[0][0]
+            return (turboquant_cuda.pack(y, self.books[bits][1], bits, self.words(which)),
+                    n.astype(mx.float16))
         packed = []
-        for bits, at, count in self._segments(which):
+        for bits, at, count in segments:
             _, thresholds = self.books[bits]
             idx = (y[..., at:at + count, None] > thresholds).sum(axis=-1).astype(mx.uint32)
             packed.append(self._pack(idx, bits))

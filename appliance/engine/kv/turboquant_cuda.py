@@ -1,6 +1,8 @@
-"""TurboQuant decode attention as two CUDA kernels (`mx.fast.cuda_kernel`), for MLX's CUDA
-backend: scores straight from the packed key codes, then the values weighted in rotated
-space straight from the packed value codes, so no float K or V is materialized.
+"""TurboQuant on MLX's CUDA backend (`mx.fast.cuda_kernel`). Decode attention is two kernels:
+scores straight from the packed key codes, then the values weighted in rotated space straight
+from the packed value codes, so no float K or V is materialized. Encoding a decode step's new
+token is one kernel (threshold, then pack): in plain MLX it is ~30 small ops per layer, K and V
+each, and at decode sizes MLX's CUDA backend is bound by launches, not bytes.
 
 The codes are read in place through their strides (a layout's buffer sliced to its cursor
 is not copied). Used for one query token per row (decode) with whole bits (2, 3, 4);
@@ -63,6 +65,43 @@ _VALUES = """
     }
     for (int r = 0; r < R; ++r) part[((bh * C + c) * R + r) * D + j] = acc[r];
 """
+
+# One thread per output word: the codes of every coordinate whose bits touch it (a 3-bit
+# code may straddle two words; the high bits of one from the previous word come first).
+_PACK = """
+    size_t gid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (gid >= (size_t)y_shape[0] * W) return;
+    const float* yv = y + (gid / W) * D;
+    int w = gid % W;
+    uint32_t out = 0u;
+    int hi = min(D, (32 * w + 32 + BITS - 1) / BITS);
+    for (int j = (32 * w) / BITS; j < hi; ++j) {
+        float x = yv[j];
+        uint32_t idx = 0u;
+        for (int i = 0; i < (1 << BITS) - 1; ++i) idx += x > th[i] ? 1u : 0u;
+        int pos = j * BITS - 32 * w;
+        out |= pos >= 0 ? (idx << pos) : (idx >> (-pos));
+    }
+    packed[gid] = out;
+"""
+
+
+@functools.cache
+def _pack_kernel():
+    return mx.fast.cuda_kernel(name="tq_pack", input_names=["y", "th"],
+                               output_names=["packed"], source=_PACK)
+
+
+def pack(y: mx.array, thresholds: mx.array, bits: int, words: int) -> mx.array:
+    """The packed Lloyd-Max indices of rotated unit vectors `y` (..., D) float32: the same
+    words as TurboCodec's plain-MLX threshold-and-pack (tests/test_kv_cuda.py)."""
+    lead, D = y.shape[:-1], y.shape[-1]
+    flat = y.reshape(-1, D)
+    (out,) = _pack_kernel()(
+        inputs=[flat, thresholds], template=[("D", D), ("BITS", bits), ("W", words)],
+        grid=(flat.shape[0] * words, 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(flat.shape[0], words)], output_dtypes=[mx.uint32])
+    return out.reshape(*lead, words)
 
 
 @functools.cache
