@@ -16,6 +16,7 @@ from mlx_lm.models.cache import KVCache, save_prompt_cache
 from appliance.engine.kv import Scheme, load_blob
 from appliance.engine.kv.affine import AffineCodec
 from appliance.engine.kv.quantized import QuantRowCache
+from appliance.engine.kv.split import SplitLayout
 from appliance.engine.kv.turboquant import TurboCodec
 
 H, D = 2, 64
@@ -26,6 +27,9 @@ SCHEMES = {
     "turboquant": Scheme(TurboCodec(64, 4, 4), (0,)),
     "turboquant3-orthogonal": Scheme(TurboCodec(64, 3, 3, "orthogonal", 5), (0,)),
     "turboquant3.5": Scheme(TurboCodec(64, 3.5, 3.5), (0,)),
+    # kv.start 8: rows below it native, the rest encoded, in one layer (kv/split.py)
+    "k8v4-start8": Scheme(AffineCodec(64, 8, 4), (0,), start=8),
+    "turboquant-start8": Scheme(TurboCodec(64, 4, 4), (0,), start=8),
 }
 
 
@@ -39,7 +43,7 @@ def _row(scheme: Scheme, n: int, seed: int):
     c = KVCache()
     if n:
         c.update_and_fetch(*_tokens(n, seed))
-    if scheme.quantized:
+    if scheme.quantized and n >= scheme.start:
         c = QuantRowCache.from_native(c, scheme.codec)
     return c
 
@@ -65,13 +69,21 @@ def _expect(scheme, lengths_seeds):
 
 
 def _append(layout, scheme, rows: int, seed: int):
-    """One new token for every row, as a decode step writes it."""
+    """One new token for every row, as a decode step writes it: its content as a native
+    row holds it and as an encoded row does (split layouts hold both kinds of row)."""
     k, v = _tokens(1, seed)
     layout.update_and_fetch(mx.repeat(k, rows, axis=0), mx.repeat(v, rows, axis=0))
-    return _content(_row(scheme, 1, seed))
+    native = KVCache()
+    native.update_and_fetch(k, v)
+    forms = [_content(native)]
+    if scheme.quantized:
+        forms.append(_content(QuantRowCache.from_native(native, scheme.codec)))
+    return forms
 
 
-def _cat(a: list, b: list) -> list:
+def _cat(a: list, new) -> list:
+    """Row content `a` with a new token appended (`new`: `_append`'s forms)."""
+    b = next(f for f in new if len(f) == len(a)) if a else new[-1]
     if not a:
         return b
     return [mx.concatenate([x, y], axis=2) for x, y in zip(a, b, strict=True)]
@@ -138,9 +150,38 @@ def test_a_rows_blob_round_trips(scheme, tmp_path):
 
 def test_bytes_are_what_the_layout_holds(scheme):
     (layout,) = scheme.merge([[_row(scheme, n, s)] for n, s in [(5, 1), (9, 2)]])
-    arrays = [layout.keys, layout.values]
+    parts = [p for p in (layout.native, layout.coded) if p is not None] \
+        if isinstance(layout, SplitLayout) else [layout]
+    arrays = [a for p in parts for a in (p.keys, p.values)]
     flat = [x for a in arrays for x in (a if isinstance(a, tuple) else (a,))]
     assert layout.nbytes == sum(x.nbytes for x in flat) > 0
+
+
+@pytest.mark.parametrize("name", ["k8v4-start8", "turboquant-start8"])
+def test_a_row_reaching_start_in_a_batch_is_encoded_once_at_its_next_write(name):
+    """Rows of 7, 3 and 12 tokens at kv.start 8: the first holds 8 after one step, so the
+    next write encodes its 8 tokens and appends the new one encoded, as a lone row's
+    cache would be (mlx-lm's quantized_kv_start); the others stay what they were."""
+    scheme = SCHEMES[name]
+    spec = [(7, 1), (3, 2), (12, 3)]
+    (layout,) = scheme.merge([[_row(scheme, n, s)] for n, s in spec])
+    assert layout.rows_n == [0, 1] and layout.rows_c == [2]
+    keys = [_tokens(n, s) for n, s in spec]
+    for step in (70, 71):
+        k, v = _tokens(1, step)
+        layout.update_and_fetch(mx.repeat(k, 3, axis=0), mx.repeat(v, 3, axis=0))
+        keys = [(mx.concatenate([a, k], axis=2), mx.concatenate([b, v], axis=2))
+                for a, b in keys]
+    assert layout.rows_n == [1] and layout.rows_c == [2, 0]
+    assert layout.offset.tolist() == [9, 5, 14]
+    for i, (k, v) in enumerate(keys):
+        row = KVCache()
+        row.update_and_fetch(k, v)
+        want = row if i == 1 else QuantRowCache.from_native(row, scheme.codec)
+        got = layout.extract(i)
+        assert type(got) is type(want) and _same(_content(got), _content(want)), i
+    mask = layout.make_mask(1)  # the batch-level mask a native layer beside it would use
+    assert [m.reshape(-1).tolist().count(True) for m in mask] == [10, 6, 15]
 
 
 def test_a_sliding_row_rolls_back_until_its_window_wraps():

@@ -74,6 +74,44 @@ def test_batched_rows_equal_the_reference_path_at_the_same_b(tiny, name, schedul
     assert all(fast.values())  # every row produced tokens
 
 
+@pytest.mark.parametrize("name", ["k8v4", "turboquant"])
+@pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
+def test_rows_crossing_kv_start_in_a_batch_equal_the_reference_path(tiny, name, schedule,
+                                                                   monkeypatch):
+    """kv.start 36 on the 25-90-token prompts: rows reach it while they prefill (their
+    chunk stops there) and while they decode, and move to the encoded part; rows below it
+    stay native beside encoded ones."""
+    from appliance.engine.kv.split import SplitLayout
+
+    model, tok, prompts = tiny
+    seen = []  # (native rows, encoded rows) of every write to a split layer
+    write = SplitLayout.update_and_fetch
+
+    def spy(self, keys, values):
+        out = write(self, keys, values)
+        seen.append((len(self.rows_n), len(self.rows_c)))
+        return out
+
+    monkeypatch.setattr(SplitLayout, "update_and_fetch", spy)
+    fast = _run(model, tok, prompts, schedule, Scheme(CODECS[name](), (2, 3), 36))
+    ref = _run(model, tok, prompts, schedule, Scheme(CODECS[name](), (2, 3), 36,
+                                                     reference=True))
+    assert fast == ref
+    if schedule != "static-2":  # (its two rows reach 36 in the same prefill chunk)
+        assert any(n and c for n, c in seen)  # both kinds of row in one pass
+    assert seen[0][1] == 0 and seen[-1][0] == 0  # every row started native, ended encoded
+
+
+@pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
+def test_rows_below_kv_start_in_a_batch_equal_native(tiny, schedule):
+    """Every row stays below kv.start: a quantized scheme's batch is native's, token for
+    token, at the same B (short rows keep native speed and quality in a batch too)."""
+    model, tok, prompts = tiny
+    native = _run(model, tok, prompts, schedule, None)
+    assert _run(model, tok, prompts, schedule, Scheme(CODECS["turboquant"](), ALL_LAYERS,
+                                                      200)) == native
+
+
 @pytest.mark.parametrize("name", list(CODECS))
 def test_cuda_shape_policy_gives_the_same_tokens(tiny, name, monkeypatch):
     """On CUDA, prefill chunks are right-padded to a few widths and native layers attend
@@ -142,7 +180,8 @@ def test_the_headline_kv_scheme_serves_through_the_openai_api(tmp_path):
     import openai
     from conftest import app_for
 
-    from appliance.engine.kv.quantized import QuantLayout
+    from appliance.engine.kv.native import FullLayout
+    from appliance.engine.kv.split import SplitLayout
 
     overrides = ["+profile=agent-fleet", "kv=turboquant", f"cache.ssd.path={tmp_path}",
                  "model.dtype=float32"]
@@ -168,7 +207,9 @@ def test_the_headline_kv_scheme_serves_through_the_openai_api(tmp_path):
         assert again.usage.prompt_tokens_details.cached_tokens > 0
         layouts = engine.scheduler._batch.scheme.merge([engine.scheduler._batch.scheme
                                                         .make_cache(engine.model)])
-        assert isinstance(layouts[2], QuantLayout) and not isinstance(layouts[0], QuantLayout)
+        # a new row in a batch: its quantized layers stay native until kv.start tokens
+        assert isinstance(layouts[2], SplitLayout) and layouts[2].rows_n == [0]
+        assert type(layouts[0]) is FullLayout
 
 
 @pytest.mark.parametrize("name", list(CODECS))

@@ -95,11 +95,10 @@ def test_batch_plan_states_placement_and_budget():
     assert serial.batch.max_rows == 1
     assert serial.batch.placement == {"full": "one row at a time"}
     assert "kv.start" not in plan.batch.placement["full"]
-    # kv.start is honored by a lone row only (a batch holds one format per layer): said so
+    # kv.start holds per row, in a batch too: said so
     quantized = resolve_overrides(["kv=turboquant"])
     assert quantized.kv.start > 0
-    assert f"kv.start={quantized.kv.start} holds for a lone row only" in \
-        quantized.batch.placement["full"]
+    assert f"kv.start={quantized.kv.start} holds per row" in quantized.batch.placement["full"]
     assert "kv.start" not in resolve_overrides(["kv=turboquant", "kv.start=0"]) \
         .batch.placement["full"]
 

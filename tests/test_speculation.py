@@ -139,13 +139,15 @@ def test_speculation_is_token_exact_with_no_draft_at_temperature_0(loaded, sched
 
 
 @pytest.mark.parametrize("kv", ["k8v4", "turboquant"])
-def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv):
-    """Each row runs twice (the second a prefix-cache hit) under a quantized scheme."""
+@pytest.mark.parametrize("start", [0, 50])
+def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start):
+    """Each row runs twice (the second a prefix-cache hit) under a quantized scheme; at
+    kv.start 50 rows cross it while they verify drafts (kv/split.py)."""
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
     codec = {"k8v4": lambda: AffineCodec(64, 8, 4), "turboquant": lambda: TurboCodec(64, 4, 4)}
     outs = []
     for draft in (None, lookup()):
-        scheme = Scheme(codec[kv](), tuple(range(6)))
+        scheme = Scheme(codec[kv](), tuple(range(6)), start)
         prefix = PrefixCache(ram=RamTier(1 << 30))
         s = scheduler(model, tok, 4, draft, scheme=scheme, prefix=prefix)
         got = []

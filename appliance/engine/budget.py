@@ -25,12 +25,17 @@ class KVShape:
     window: int  # tokens a sliding layer keeps (0: no sliding layers)
     recurrent: int  # constant state bytes per row
     native_per_token: int = 0  # full layers before quantization starts (kv.start)
-    start: int = 0  # tokens a lone row holds native before its KV is quantized
+    start: int = 0  # tokens a row holds native before its KV is quantized
+    spec: int = 0  # draft tokens a verify pass may add past `start` before a row moves
+    chunk: int = 0  # a lone row's prefill chunk (it may carry the row past `start`)
 
     def row_bytes(self, tokens: int) -> int:
-        return (self.full_per_token * tokens
-                + self.sliding_per_token * min(tokens, self.window)
-                + self.recurrent)
+        """A row's most bytes: below `start` (plus a verify's drafts; a batched prefill
+        chunk stops at `start`) its full layers are native, after it they are encoded."""
+        full = self.full_per_token * tokens
+        if self.start and self.native_per_token > self.full_per_token:
+            full = max(full, self.native_per_token * min(tokens, self.start + self.spec))
+        return full + self.sliding_per_token * min(tokens, self.window) + self.recurrent
 
     @classmethod
     def for_plan(cls, plan, recurrent: int = 0) -> KVShape:
@@ -40,13 +45,17 @@ class KVShape:
         return cls(full_per_token=kv.bytes_per_token + draft,
                    sliding_per_token=kv.sliding_bytes_per_token,
                    window=plan.model.sliding_window or 0, recurrent=recurrent,
-                   native_per_token=kv.native_bytes_per_token + draft, start=kv.start)
+                   native_per_token=kv.native_bytes_per_token + draft, start=kv.start,
+                   spec=plan.draft.k, chunk=plan.batch.prefill_chunk)
 
     @property
     def lone_row_extra(self) -> int:
-        """What a lone row may hold beyond its encoded bytes: its first `start` tokens stay
-        native until then. Only one row is ever lone (a second one joining encodes it)."""
-        return max(0, self.native_per_token - self.full_per_token) * self.start
+        """What a lone row may hold beyond `row_bytes`: it runs mlx-lm's generate_step
+        arithmetic, which encodes before a chunk, so one chunk may carry it past `start`
+        natively. Only one row is ever lone."""
+        if not self.start or self.native_per_token <= self.full_per_token:
+            return 0
+        return self.native_per_token * max(0, self.chunk - 1 - self.spec)
 
 
 class Budget:

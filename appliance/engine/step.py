@@ -176,7 +176,8 @@ class BatchStep:
             prompt_events += [PromptEvent(u, True, True) for u in self._decode.uids[-len(ready):]]
         chunks = []
         for i, segs in enumerate(self._segments):
-            n = min(len(segs[0]), self.prefill_chunk)
+            n = min(len(segs[0]), self.scheme.chunk_limit(len(self._prefill.tokens[i]),
+                                                          self.prefill_chunk))
             chunks.append(segs[0][:n])
             segs[0] = segs[0][n:]
             end = not segs[0]

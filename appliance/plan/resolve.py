@@ -383,10 +383,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     if draft.kind != "none":
         lone_row = "in the batched step, as a batch of one (where it speculates)"
     if b.mode == "continuous" and kv.quantized_layers and kv.start > 0:
-        # Stated, not hidden: the batched layouts hold one format per layer (issue 11).
-        placement["full"] += (f"; kv.start={kv.start} holds for a lone row only: a row in a "
-                              "batch is encoded from its first token, so its tokens can differ "
-                              "from the same request run alone")
+        placement["full"] += (f"; kv.start={kv.start} holds per row: in a batch, a row's "
+                              "quantized layers stay native until it holds that many tokens "
+                              "(its prefill chunks stop there), then are encoded once")
     batch = BatchPlan(mode=b.mode, max_rows=d.max_rows, prefill_chunk=d.prefill_chunk,
                       prefill_rows=b.prefill_rows, compile_step=compile_step,
                       kv_budget_bytes=d.kv_budget, max_queue=b.max_queue,

@@ -2,8 +2,9 @@
 
 A `Scheme` is built from the plan's `kv` section. New rows start from the model's own
 (native) caches; `maybe_quantize` encodes a lone row's quantized layers once they hold
-`start` tokens (mlx-lm's `quantized_kv_start`), and `merge` builds the batched layouts,
-encoding native rows of quantized layers as they join (a batch holds one format).
+`start` tokens (mlx-lm's `quantized_kv_start`), and `merge` builds the batched layouts. In
+a batch each row keeps that rule (split.py: rows below `start` native, the rest encoded);
+with `start` 0 every row is encoded as it joins.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 from appliance.engine.kv.affine import AffineCodec
 from appliance.engine.kv.native import FullLayout, RecurrentLayout, SlidingLayout
 from appliance.engine.kv.quantized import QuantLayout, QuantRowCache, install
+from appliance.engine.kv.split import SplitLayout
 from appliance.engine.kv.turboquant import TurboCodec
 
 # A native row cache's type -> the layout that holds many such rows.
@@ -56,12 +58,23 @@ class Scheme:
             if type(c) is KVCache and c.offset >= self.start:
                 cache[i] = QuantRowCache.from_native(c, self.codec, self.reference)
 
+    def chunk_limit(self, tokens: int, chunk: int) -> int:
+        """A batched row's next prefill chunk, holding `tokens`: it stops at `start`, so a
+        row holds at most `start` native tokens (admission counts that; budget.py)."""
+        if self.quantized and self.start and tokens < self.start:
+            return min(chunk, self.start - tokens)
+        return chunk
+
     def merge(self, rows: list[list]) -> list:
         """Per layer, one layout holding `rows` (each a list of per-layer row caches)."""
         if not rows:
             return []
         out = []
         for i, layer in enumerate(zip(*rows, strict=True)):
+            if i in self.quantized and self.start:  # rows below start stay native
+                out.append(SplitLayout.merge(list(layer), self.codec, self.start,
+                                             self.reference))
+                continue
             if i in self.quantized:
                 out.append(QuantLayout.merge(list(layer), self.codec, self.reference))
                 continue

@@ -108,6 +108,9 @@ def drop_tails(layout, counts: list[int]) -> None:
     """After a right-padded pass that has not been finalized: drop each row's last
     counts[i] positions (its padding, then its rejected drafts) in one roll per layer,
     the way `finalize` rolls a prefill chunk's padding away (rows stay right-aligned)."""
+    if hasattr(layout, "drop_tails"):  # a split layout drops each part's tails
+        layout.drop_tails(counts)
+        return
     if any(counts):
         if isinstance(layout, BatchRotatingKVCache):
             layout._lengths = layout.offset - mx.array(counts)

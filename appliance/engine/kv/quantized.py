@@ -10,7 +10,8 @@ fused SDPA, then stores the chunk encoded. Decode attends over the stored codes 
 codec's attention; `reference=True` decodes them and runs SDPA instead, the plain-MLX path
 the fast one is checked against. mlx-lm's attention sends any cache with a `bits`
 attribute to `base.quantized_scaled_dot_product_attention`; `install()` wraps that one
-function so it also takes float KV and `Codes`. Other caches go through as before.
+function so it also takes float KV, `Codes` and a split layout's parts (split.py). Other
+caches go through as before.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ class Codes(tuple):
         return obj
 
 
+class Parts(list):
+    """What a split layout (split.py) hands attention: per part (its rows' indices, or None
+    for all rows in order; keys; values; mask), and `order`, which puts the parts' outputs
+    back in row order (None: already in order)."""
+
+    order = None
+
+
 def masked_softmax(scores: mx.array, mask, grouped: bool) -> mx.array:
     """Softmax over the keys after masking as mlx-lm's quantized attention does: a "causal"
     string, a boolean or an additive mask. `grouped`: the scores carry a query-group axis
@@ -56,6 +65,11 @@ _original = base.quantized_scaled_dot_product_attention
 
 
 def _dispatch(queries, q_keys, q_values, scale, mask, group_size=64, bits=8):
+    if isinstance(q_keys, Parts):  # rows on both sides of kv.start
+        outs = [_dispatch(queries if idx is None else queries[idx], k, v, scale, part_mask)
+                for idx, k, v, part_mask in q_keys]
+        out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
+        return out if q_keys.order is None else out[q_keys.order]
     if isinstance(q_keys, mx.array):  # float KV: a prefill chunk, or the reference path
         return mx.fast.scaled_dot_product_attention(queries, q_keys, q_values, scale=scale,
                                                     mask=mask)
