@@ -75,7 +75,12 @@ def run(cfg) -> int:
     if cfg.mode in ("bench", "tune"):
         from appliance.bench import check
 
-        problems += check(cfg.bench, task)
+        bench_cfg = cfg.bench
+        if cfg.mode == "tune" and not any(o.split("=", 1)[0] == "bench" for o in task):
+            # mode=tune measures bench=agents: its trials get it (tune.launch), so its
+            # fields are checked against that workload, not the default one
+            bench_cfg = OmegaConf.merge(cfg.bench, {"workload": "agents"})
+        problems += check(bench_cfg, task)
     if cfg.mode == "tune":
         from appliance.bench import tune
 
