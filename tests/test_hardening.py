@@ -222,3 +222,36 @@ def test_a_prompt_far_past_the_context_is_refused_before_tokenizing(server, plan
     r = _post(server, plan, messages=[{"role": "user", "content": "x " * 5000}])
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("chat/completions", {"max_tokens": "5"}, "max_tokens"),
+    ("chat/completions", {"temperature": "0.5"}, "temperature"),
+    ("chat/completions", {"stream": "true"}, "stream"),
+    ("chat/completions", {"max_tokens": 2.5}, "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": "4"}, "max_tokens"),
+    ("responses", {"input": "x", "max_output_tokens": "16"}, "max_output_tokens"),
+    ("messages", {"max_tokens": "4"}, "max_tokens"),
+])
+def test_a_value_of_the_wrong_json_type_is_a_400_naming_it(server, plan, path, body, param):
+    """A string where the API takes a number or a boolean is refused, as OpenAI's API does,
+    not coerced (Litestar's lenient conversion let "5" through as 5)."""
+    base = {"model": plan.model.id, "messages": [{"role": "user", "content": "hi"}]}
+    if path in ("completions", "responses"):
+        base = {"model": plan.model.id}
+    if path == "messages":
+        base["max_tokens"] = 4
+    r = httpx.post(f"{server}/v1/{path}", json={**base, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert param in err["message"] and "got `" in err["message"]
+    if path != "messages":  # (Anthropic's error body has no param)
+        assert err["param"] == param
+    assert _post(server, plan).status_code == 200  # and the right types still serve
+
+
+def test_max_tokens_and_max_completion_tokens_must_agree(server, plan):
+    """Both names set to different values: which one to honor is a guess; a 400 says so."""
+    r = _post(server, plan, max_tokens=3, max_completion_tokens=5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+    assert _post(server, plan, max_tokens=3, max_completion_tokens=3).status_code == 200

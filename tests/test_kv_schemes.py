@@ -90,6 +90,10 @@ def test_rows_crossing_kv_start_in_a_batch_equal_the_reference_path(tiny, name, 
     def spy(self, keys, values):
         out = write(self, keys, values)
         seen.append((len(self.rows_n), len(self.rows_c)))
+        for part, book in ((self.native, self.n_rows), (self.coded, self.c_rows)):
+            if part is not None:  # the host-side copy of each part's bookkeeping is exact
+                assert (book.idx, book.pads) == (part._idx, part.left_padding.tolist())
+                assert book.lengths == part.offset.tolist()
         return out
 
     monkeypatch.setattr(SplitLayout, "update_and_fetch", spy)
@@ -99,7 +103,7 @@ def test_rows_crossing_kv_start_in_a_batch_equal_the_reference_path(tiny, name, 
     assert fast == ref
     if schedule != "static-2":  # (its two rows reach 36 in the same prefill chunk)
         assert any(n and c for n, c in seen)  # both kinds of row in one pass
-    assert seen[0][1] == 0 and seen[-1][0] == 0  # every row started native, ended encoded
+    assert seen[0][1] == 0 and any(c for _, c in seen)  # rows start native, then move
 
 
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))

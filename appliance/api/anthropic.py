@@ -33,6 +33,7 @@ from appliance.api.errors import (
     handle_validation,
     invalid,
     only_known,
+    typed,
 )
 from appliance.api.output import response_schema
 from appliance.api.requests import (
@@ -309,6 +310,7 @@ async def messages(request: Request, state: State,
                    data: JSONBody[MessagesRequest]) -> Response | Stream:
     from appliance.api.routes import SSE_HEADERS, _complete, _unless_disconnected
 
+    await typed(request, MessagesRequest)
     metrics.tag_agent(request, (data.metadata or {}).get("user_id"))
     prep = await asyncio.to_thread(prepare_messages, data, state.plan, state.tokenizer)
     user_stops = tuple(data.stop_sequences or ())
@@ -392,8 +394,10 @@ class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
 
 
 @post("/v1/messages/count_tokens", status_code=200, exception_handlers=HANDLERS)
-async def count_tokens(state: State, data: JSONBody[CountTokensRequest]) -> dict:
+async def count_tokens(request: Request, state: State,
+                       data: JSONBody[CountTokensRequest]) -> dict:
     """The prompt's tokens as /v1/messages would count them."""
+    await typed(request, CountTokensRequest)
     body = MessagesRequest(max_tokens=1, **{f: getattr(data, f) for f in data.__struct_fields__})
     prep = await asyncio.to_thread(prepare_messages, body, state.plan, state.tokenizer)
     return {"input_tokens": len(prep.engine_request.prompt)}

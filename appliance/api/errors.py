@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
+import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
@@ -56,6 +57,22 @@ def generation_failed(error: str) -> APIError:
 
 def invalid(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param=param, code="invalid_value")
+
+
+_AT = re.compile(r"^(.*) - at `\$\.?([^`]*)`$")
+
+
+async def typed(request: Request, kind: type) -> None:
+    """A 400 naming the field whose JSON type is wrong. Litestar converts a body leniently
+    ("5" for an integer, "true" for a boolean pass as 5 and true); OpenAI's API refuses
+    them, and a client sending them has a bug that a silent coercion would hide."""
+    try:
+        msgspec.convert(await request.json(), kind, strict=True, str_keys=True)
+    except msgspec.ValidationError as e:
+        m = _AT.match(str(e))
+        message, param = (m.group(1), m.group(2) or None) if m else (str(e), None)
+        raise APIError(400, f"{param}: {message}" if param else f"invalid request body: "
+                       f"{message}", param=param, code="invalid_type") from None
 
 
 def only_known(obj: dict, known: tuple[str, ...], param: str) -> None:

@@ -228,6 +228,10 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
     if not body.messages:
         raise invalid("messages", "must contain at least one message")
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    if None not in (body.max_tokens, body.max_completion_tokens) and \
+            body.max_tokens != body.max_completion_tokens:  # which one to honor? neither
+        raise invalid("max_completion_tokens", f"is {body.max_completion_tokens} but max_tokens "
+                      f"is {body.max_tokens}; send one of them (max_tokens is the older name)")
     if body.max_completion_tokens is not None:
         mt = ("max_completion_tokens", body.max_completion_tokens)
     else:

@@ -18,7 +18,7 @@ from litestar.response import Stream
 from msgspec import Meta
 
 from appliance.api import metrics
-from appliance.api.errors import APIError, generation_failed, invalid, only_known
+from appliance.api.errors import APIError, generation_failed, invalid, only_known, typed
 from appliance.api.output import response_schema
 from appliance.api.requests import (
     Conversation,
@@ -262,6 +262,7 @@ async def responses(request: Request, state: State,
                     data: JSONBody[ResponsesRequest]) -> Response | Stream:
     from appliance.api.routes import SSE_HEADERS, _complete, _unless_disconnected
 
+    await typed(request, ResponsesRequest)
     metrics.tag_agent(request, data.user)
     prep = await asyncio.to_thread(prepare_response, data, state.plan, state.tokenizer)
     out = _Builder(state.plan, data)

@@ -14,7 +14,7 @@ from litestar.params import JSONBody
 from litestar.response import Response, Stream
 
 from appliance.api import anthropic, metrics, responses, wire
-from appliance.api.errors import ClientGone, generation_failed
+from appliance.api.errors import ClientGone, generation_failed, typed
 from appliance.api.requests import Prepared, prepare_chat, prepare_completion
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.textgen import Done, Piece, generate
@@ -112,6 +112,7 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, state: State,
                            data: JSONBody[ChatCompletionRequest]) -> Response | Stream:
+    await typed(request, ChatCompletionRequest)
     metrics.tag_agent(request, data.user)
     # templates and tokenization run off the event loop: /health never waits behind them
     prep = await asyncio.to_thread(prepare_chat, data, state.plan, state.tokenizer)
@@ -122,6 +123,7 @@ async def chat_completions(request: Request, state: State,
 @post("/v1/completions", status_code=200)
 async def completions(request: Request, state: State,
                       data: JSONBody[CompletionRequest]) -> Response | Stream:
+    await typed(request, CompletionRequest)
     metrics.tag_agent(request, data.user)
     prep = await asyncio.to_thread(prepare_completion, data, state.plan, state.tokenizer)
     fmt = wire.Completion(state.tokenizer, prep.engine_request.logprobs is not None)

@@ -140,10 +140,11 @@ class SplitLayout:
             self.c_rows.extend(moved)
         self.rows_c += [self.rows_n[j] for j in move]
         stay = [j for j in range(len(self.rows_n)) if j not in move]
-        self.native = self.native if stay else None
         if stay:
             self.native.filter(stay)
-        self.n_rows.filter(stay)
+            self.n_rows.filter(stay)
+        else:
+            self.native, self.n_rows = None, _Rows([])
         self.rows_n = [self.rows_n[j] for j in stay]
 
     # -- a forward pass ------------------------------------------------------------
@@ -216,21 +217,24 @@ class SplitLayout:
             sel = [j for j, b in enumerate(rows) if b in new]
             if sel:
                 part.filter(sel)
-            book.filter(sel)
-            setattr(self, name, part if sel else None)
+                book.filter(sel)
+            else:  # an empty part starts afresh (mlx-lm's layouts would keep a stale cursor)
+                part, book = None, _Rows([])
+            setattr(self, name, part)
+            setattr(self, "n_rows" if name == "native" else "c_rows", book)
             setattr(self, "rows_n" if name == "native" else "rows_c", [new[rows[j]] for j in sel])
         self.rows.filter(keep)
 
     def extend(self, other: SplitLayout) -> None:
         B = len(self.rows.lengths)
-        for name in ("native", "coded"):
+        for name, book in (("native", "n_rows"), ("coded", "c_rows")):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine is None:
                 setattr(self, name, theirs)
+                setattr(self, book, getattr(other, book))
             elif theirs is not None:
                 mine.extend(theirs)
-        for mine, theirs in ((self.n_rows, other.n_rows), (self.c_rows, other.c_rows)):
-            mine.extend(theirs)
+                getattr(self, book).extend(getattr(other, book))
         self.rows_n = self.rows_n + [b + B for b in other.rows_n]
         self.rows_c = self.rows_c + [b + B for b in other.rows_c]
         self.rows.extend(other.rows)
