@@ -115,6 +115,24 @@ def test_hits_are_token_exact_with_cold(loaded, together):
     s.prefix.check_integrity()
 
 
+def test_agents_arriving_together_prefill_their_shared_prefix_once(loaded):
+    """Four agents with one system prompt arrive in the same tick: the first prefills it,
+    the others start after its checkpoint is stored and hit it (each used to be looked
+    up at arrival, miss, and prefill it again); tokens equal each one's cold run."""
+    _, model, tok = loaded
+    ids = oracle.batch_prompts(tok)
+    system = ids["b"][:40]
+    reqs = {r: GenerationRequest(system + ids[r][:12], 6, checkpoints=(40,)) for r in "acd"}
+    reqs["b"] = GenerationRequest(system + ids["b"][50:62], 6, checkpoints=(40,))
+    want = {r: _cold(model, tok, q) for r, q in reqs.items()}
+    s = _sched(model, tok)
+    rows = {r: Collector(q) for r, q in reqs.items()}
+    drive(s, [(0, "insert", r) for r in rows], rows)
+    assert {r: c.tokens for r, c in rows.items()} == want
+    assert sorted(c.finished.cached_tokens for c in rows.values()) == [0, 40, 40, 40]
+    s.prefix.check_integrity()
+
+
 def test_next_turn_hits_the_whole_previous_turn(loaded):
     _, model, tok = loaded
     s = _sched(model, tok)

@@ -100,7 +100,10 @@ class ContinuousScheduler:
         return len(self._rows) + (self._solo is not None)
 
     def pending_rows(self) -> int:
-        return len(self._waiting)
+        """Requests waiting for a row. With a prefix cache, a request that has a row free
+        still waits for its turn to prefill (`_admit`); it counts as having its row."""
+        free = max(0, self.row_cap - self.active_rows()) if self.prefix is not None else 0
+        return max(0, len(self._waiting) - free)
 
     def step(self) -> None:
         if self.prefix is not None:
@@ -312,8 +315,14 @@ class ContinuousScheduler:
 
     # -- internals ---------------------------------------------------------------
     def _admit(self) -> None:
-        """FIFO, head of line: the first waiting request goes first or nobody does."""
-        while self._waiting and len(self._rows) < self.row_cap:
+        """FIFO, head of line: the first waiting request goes first or nobody does.
+
+        With a prefix cache, a request is admitted (and looked up) only when it can start
+        prefilling: agents that arrive together with one system prompt then find it stored
+        by the first one's checkpoint, where admitted together they each missed and
+        prefilled it again, one after the other."""
+        while self._waiting and len(self._rows) < self.row_cap and \
+                (self.prefix is None or self._batch.prefill_free()):
             h = self._waiting[0]
             if h.cancelled:
                 self._waiting.popleft()

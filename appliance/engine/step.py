@@ -153,6 +153,10 @@ class BatchStep:
                                   tuple(processors or ()), params))
         return uid
 
+    def prefill_free(self) -> bool:
+        """Whether a row inserted now starts prefilling at the next tick."""
+        return len(self._prefill) + len(self._waiting) < self.prefill_rows
+
     # -- the step -------------------------------------------------------------------
     def tick(self) -> tuple[list[PromptEvent], list[TokenEvent]]:
         events: list[TokenEvent] = []
