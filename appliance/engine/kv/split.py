@@ -15,6 +15,8 @@ this one get the mask they always had. That bookkeeping, and each part's, is hos
 
 from __future__ import annotations
 
+import threading
+
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
@@ -63,16 +65,18 @@ class _Rows:
                                                 left_padding=mx.array(self.pads), **kwargs))
 
 
-_MEMO: dict = {}
+_LOCAL = threading.local()  # per engine thread: only the thread that made an array uses it
 
 
 def _memo(key, make):
     """Every split layer of a pass asks for the same few small arrays: build each once."""
-    if key not in _MEMO:
-        if len(_MEMO) >= 32:
-            _MEMO.clear()
-        _MEMO[key] = make()
-    return _MEMO[key]
+    memo = _LOCAL.__dict__.setdefault("memo", {})
+    value = memo.get(key)
+    if value is None:
+        if len(memo) >= 32:
+            memo.clear()
+        value = memo[key] = make()
+    return value
 
 
 class SplitLayout:
