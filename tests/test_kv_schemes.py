@@ -106,6 +106,21 @@ def test_rows_crossing_kv_start_in_a_batch_equal_the_reference_path(tiny, name, 
     assert seen[0][1] == 0 and any(c for _, c in seen)  # rows start native, then move
 
 
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-qwen3-next"])
+def test_kv_start_in_a_batch_on_sliding_and_hybrid_models(name):
+    """Their full-attention layers split at kv.start 36 (gemma3 builds its global mask from
+    one of them), beside sliding-window or recurrent layers: equal to the reference path."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    model, tok = oracle.load(oracle.model_path(name), "float32")
+    prompts = oracle.batch_prompts(tok)
+    full = tuple(i for i, c in enumerate(make_prompt_cache(model)) if type(c) is KVCache)
+    fast = _run(model, tok, prompts, "dynamic", Scheme(TurboCodec(16, 4, 4), full, 36))
+    ref = _run(model, tok, prompts, "dynamic", Scheme(TurboCodec(16, 4, 4), full, 36,
+                                                      reference=True))
+    assert fast == ref and all(fast.values())
+
+
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
 def test_rows_below_kv_start_in_a_batch_equal_native(tiny, schedule):
     """Every row stays below kv.start: a quantized scheme's batch is native's, token for
