@@ -80,6 +80,9 @@ def _memo(key, make):
 
 
 class SplitLayout:
+    """One quantized layer's rows in a batch: `native` holds those below `start`, `coded`
+    the rest; `rows_n` / `rows_c` map each part's rows to the batch's row order."""
+
     # mlx-lm sends a cache with `bits` to quantized attention (quantized._dispatch)
     bits = group_size = None
 
