@@ -191,19 +191,23 @@ def test_a_prefix_hit_under_a_quantized_scheme_equals_a_cold_run(tiny, name):
 
 
 @pytest.mark.slow
-def test_the_headline_kv_scheme_serves_through_the_openai_api(tmp_path):
+@pytest.mark.parametrize("start", [None, 48])
+def test_the_headline_kv_scheme_serves_through_the_openai_api(tmp_path, start):
     """`appliance +profile=agent-fleet kv=turboquant`: a real server, the real client, four
-    concurrent chats (batched) sharing a system prompt, then one whose prefix is cached."""
+    concurrent chats (batched) sharing a system prompt, then one whose prefix is cached.
+    The embedded model's short chats stay below the default kv.start; at kv.start 48 they
+    cross it while they are served, and the prefix cache then holds their codes."""
     import asyncio
 
     import openai
     from conftest import app_for
 
     from appliance.engine.kv.native import FullLayout
+    from appliance.engine.kv.quantized import QuantRowCache
     from appliance.engine.kv.split import SplitLayout
 
     overrides = ["+profile=agent-fleet", "kv=turboquant", f"cache.ssd.path={tmp_path}",
-                 "model.dtype=float32"]
+                 "model.dtype=float32", *([f"kv.start={start}"] if start else [])]
     with app_for(overrides) as (plan, engine, url):
         assert plan.kv.scheme == "turboquant" and plan.kv.quantized_layers == (2, 3)
         assert plan.cache.kind == "tiered"
@@ -229,6 +233,9 @@ def test_the_headline_kv_scheme_serves_through_the_openai_api(tmp_path):
         # a new row in a batch: its quantized layers stay native until kv.start tokens
         assert isinstance(layouts[2], SplitLayout) and layouts[2].rows_n == [0]
         assert type(layouts[0]) is FullLayout
+        entries = [e.cache for e in engine.scheduler.prefix.ram._lru.values()]
+        encoded = [isinstance(c[2], QuantRowCache) for c in entries]
+        assert entries and all(encoded) == bool(start) and any(encoded) == bool(start)
 
 
 @pytest.mark.parametrize("name", list(CODECS))
