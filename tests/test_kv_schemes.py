@@ -122,13 +122,25 @@ def test_kv_start_in_a_batch_on_sliding_and_hybrid_models(name):
 
 
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
-def test_rows_below_kv_start_in_a_batch_equal_native(tiny, schedule):
+def test_rows_below_kv_start_in_a_batch_equal_native(tiny, schedule, monkeypatch):
     """Every row stays below kv.start: a quantized scheme's batch is native's, token for
-    token, at the same B (short rows keep native speed and quality in a batch too)."""
+    token, at the same B (short rows keep native speed and quality in a batch too), and no
+    row was ever encoded (on static-2 encoded rows happen to give native's tokens too)."""
+    from appliance.engine.kv.split import SplitLayout
+
     model, tok, prompts = tiny
+    encoded = []
+    write = SplitLayout.update_and_fetch
+
+    def spy(self, keys, values):
+        encoded.append(len(self.rows_c))
+        return write(self, keys, values)
+
+    monkeypatch.setattr(SplitLayout, "update_and_fetch", spy)
     native = _run(model, tok, prompts, schedule, None)
     assert _run(model, tok, prompts, schedule, Scheme(CODECS["turboquant"](), ALL_LAYERS,
                                                       200)) == native
+    assert encoded and not any(encoded)
 
 
 @pytest.mark.parametrize("name", list(CODECS))

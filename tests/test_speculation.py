@@ -146,10 +146,11 @@ def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start, monke
     bookkeeping must stay that of its parts through every rollback."""
     from appliance.engine.kv.split import SplitLayout
 
-    drop = SplitLayout.drop_tails
+    drop, drops = SplitLayout.drop_tails, []
 
     def checked(self, counts):
         drop(self, counts)
+        drops.append(counts)
         for part, book in ((self.native, self.n_rows), (self.coded, self.c_rows)):
             if part is not None:
                 assert (book.idx, book.pads) == (part._idx, part.left_padding.tolist())
@@ -171,6 +172,7 @@ def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start, monke
         assert all(cached > 0 for _, cached in got[1].values())  # the second run hit
         outs.append(got)
     assert outs[0] == outs[1]
+    assert bool(drops) == bool(start)  # at kv.start 50 the verify rollbacks hit split layers
 
 
 @pytest.mark.parametrize("drafter", ["scripted", "mtp"])

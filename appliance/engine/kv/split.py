@@ -19,7 +19,6 @@ import threading
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import KVCache
 
 from appliance.engine.kv.native import FullLayout, drop_tails
 from appliance.engine.kv.quantized import Parts, QuantLayout, QuantRowCache
@@ -248,7 +247,7 @@ class SplitLayout:
 
     def extract(self, i: int):
         part, _, j = self._locate(i)
-        return KVCache() if part is None else part.extract(j)
+        return part.extract(j)
 
     def rollback(self, i: int, n: int) -> None:
         part, book, j = self._locate(i)
