@@ -116,7 +116,8 @@ class BatchStep:
             self._compiled = None  # (the drafter reads them: the traced step has none)
         self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
         self.spec_ticks = 0  # decode steps that verified proposals
-        self._plain_before = False  # the last decode step was a plain one
+        self._before: bool | None = None  # the last decode step: speculative, plain, or
+        # (None) one that asked for drafts and found none
         self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
         self._asked = False  # this step read the pending tokens for drafts and found none
 
@@ -289,16 +290,18 @@ class BatchStep:
         if len(keep) < len(d):
             d.filter(keep)
         # The control compares modes by the wall time from one decode step's end to the
-        # next (what the rows see), where no prefill ran between; a plain step right after
-        # a speculative one restarts the pipeline and is not a measurement, nor is one that
-        # asked for drafts and found none (it read the pending tokens first).
+        # next (what the rows see), where no prefill ran between, and only a step after
+        # one of its own kind: a plain step right after a speculative one restarts the
+        # pipeline, and a speculative one right after a plain one first waits for that
+        # one's queued pass. A step that asked for drafts and found none (it read the
+        # pending tokens first) is neither.
         now = time.perf_counter()
         if self.drafter is not None:
-            if self._quiet and self._last_end and (spec or self._plain_before) \
-                    and not self._asked:
+            kind = None if self._asked else spec
+            if self._quiet and self._last_end and kind is not None and kind == self._before:
                 self.control.timed(rows, spec, now - self._last_end,
                                    sum(len(e[0]) for e in emitted))
-            self._plain_before = not spec and not self._asked
+            self._before = kind
         self._last_end = now
         return events
 

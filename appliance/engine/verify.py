@@ -77,7 +77,7 @@ class Verifying:
             for c in self.layers:
                 c.prepare(lengths=lengths, right_padding=pad)
         try:
-            with whole_buffers(self.layers, width, WHOLE_BUFFER):
+            with whole_buffers(self.layers, width, WHOLE_BUFFER, dense=True):
                 logits = model(x, cache=self.layers)
         finally:
             for c in decode_like:

@@ -19,6 +19,7 @@ class FullLayout(BatchKVCache):
     new key length (measured on an H200: ~50 ms a pass against ~5.5 ms at a fixed one)."""
 
     whole_buffer = False
+    dense = False  # (with whole_buffer) attention as plain matmuls: see whole_buffers
 
     def reserve(self, n: int) -> None:
         """Allocate room for n more tokens now (the mask is built before the write)."""
@@ -40,7 +41,13 @@ class FullLayout(BatchKVCache):
 
     def update_and_fetch(self, keys, values):
         k, v = super().update_and_fetch(keys, values)
-        return (self.keys, self.values) if self.whole_buffer else (k, v)
+        if not self.whole_buffer:
+            return k, v
+        if self.dense:  # to quantized._dispatch (mlx-lm sends it a cache with `bits`)
+            from appliance.engine.kv.quantized import DENSE, Codes
+
+            return Codes((self.keys,), DENSE), Codes((self.values,), DENSE)
+        return self.keys, self.values
 
     @classmethod
     def merge(cls, caches):
@@ -63,22 +70,37 @@ class whole_buffers:
     """`with whole_buffers(layers, n, on)`: for a pass of n tokens per row, full-attention
     layouts attend over their whole buffers (see FullLayout); a no-op unless `on`, and
     where encoded layers sit beside native ones (the model builds one mask, from its first
-    layer, for every full-attention layer: their key lengths must agree)."""
+    layer, for every full-attention layer: their key lengths must agree).
 
-    def __init__(self, layers: list, n: int, on: bool):
+    `dense` (a pass of a few tokens a row: a verify, a drafter's): attention runs as plain
+    matmuls and a softmax (`quantized.DENSE`), not MLX's fused attention, which on CUDA
+    builds a cuDNN graph for every new (rows, key length) pair: 50-90 ms against a 5-8 ms
+    verify step at B=16 on an H200, paid again whenever a row leaves or a buffer grows
+    (2026-12-01 trace: a third of the speculative steps' time). Prefill chunks keep the
+    fused kernel (their scores would be chunk x keys per head)."""
+
+    def __init__(self, layers: list, n: int, on: bool, dense: bool = False):
         on = on and not any(hasattr(c, "decode_like") for c in layers)
         self.layers = [c for c in layers if isinstance(c, FullLayout)
                        and c.keys is not None] if on else []
-        self.n = n
+        self.n, self.dense = n, dense and n > 1
 
     def __enter__(self):
+        if self.dense:
+            from appliance.engine.kv.quantized import install
+
+            install()
         for c in self.layers:
             c.reserve(self.n)
             c.whole_buffer = True
+            if self.dense:
+                c.dense, c.bits, c.group_size = True, None, None
 
     def __exit__(self, *exc):
         for c in self.layers:
             c.whole_buffer = False
+            if self.dense:
+                del c.dense, c.bits, c.group_size
 
 
 def roll_row_back(layout, i: int, n: int) -> None:

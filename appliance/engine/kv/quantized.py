@@ -61,6 +61,29 @@ def masked_softmax(scores: mx.array, mask, grouped: bool) -> mx.array:
     return mx.softmax(scores, axis=-1, precise=True)
 
 
+class _Dense:
+    """Float K/V attended with matmuls and mlx-lm's quantized-attention softmax (scores in
+    the compute dtype, a precise softmax): a few query tokens over whole buffers, where
+    MLX's fused attention would build a graph per shape on CUDA (native.whole_buffers)."""
+
+    name = "dense"
+
+    @staticmethod
+    def attend(queries, keys, values, scale: float, mask) -> mx.array:
+        """Each kv head's query group as one (group x tokens) matrix: two plain matmuls
+        per kv head, no broadcast copy of K or V."""
+        k, v = keys[0], values[0]
+        B, n_q, L, D = queries.shape
+        h, T = k.shape[1], k.shape[2]
+        rep = n_q // h
+        q = (queries * scale).reshape(B, h, rep * L, D)
+        scores = (q @ k.swapaxes(-1, -2)).reshape(B, h, rep, L, T)
+        weights = masked_softmax(scores, mask, grouped=True).astype(v.dtype)
+        out = weights.reshape(B, h, rep * L, T) @ v
+        return out.reshape(B, n_q, L, v.shape[-1])
+
+
+DENSE = _Dense()
 _original = base.quantized_scaled_dot_product_attention
 
 
@@ -80,6 +103,7 @@ def _dispatch(queries, q_keys, q_values, scale, mask, group_size=64, bits=8):
 
 
 def install() -> None:
+    """Route mlx-lm's quantized attention through `_dispatch` (idempotent)."""
     base.quantized_scaled_dot_product_attention = _dispatch
 
 

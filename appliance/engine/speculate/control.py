@@ -7,6 +7,8 @@ verify pass (`appliance/engine/verify.py`), the step that sizes it and the draft
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from appliance.engine.kv.affine import on_cuda
@@ -36,6 +38,7 @@ class DraftCounts:
 
 
 WARM = 2  # measured steps of each kind before the batch picks the faster one
+WINDOW = 9  # a mode's step time: the median of its last WINDOW measurements
 PROBE = WARM + 1  # steps of a probe of the slower mode (its first one is not a measurement)
 
 
@@ -63,9 +66,10 @@ class _Mode:
 class Control:
     """How many tokens each row may propose this step, and whether the batch speculates.
 
-    Per row: k follows the expected run of accepted tokens, a/(1-a) for acceptance a,
-    plus one (capped at `k`); below `pause_below` the row pauses for `pause_steps` steps, then
-    probes again with one token. Per batch size (by power of two): the time of speculative
+    Per row (where a pass feeds each row only its own proposals, not `full_width`): k
+    follows the expected run of accepted tokens, a/(1-a) for acceptance a, plus one (capped
+    at `k`); below `pause_below` the row pauses for `pause_steps` steps, then probes again
+    with one token. Per batch size (by power of two): the time of speculative
     and plain steps and the tokens a speculative step yields per row are measured, and the
     faster mode runs. The slower one is
     probed again for a few steps after `explore_every` steps (stretched by how much more a
@@ -81,18 +85,22 @@ class Control:
     pause_steps: int = 4
     explore_every: int = 32
     idle_max: int = IDLE_MAX
+    full_width: bool = WHOLE_BUFFER
     _rows: dict[int, _Row] = field(default_factory=dict)
-    _secs: dict[tuple[int, bool], float] = field(default_factory=dict)  # (B, spec) -> s/step
+    _times: dict[tuple[int, bool], deque] = field(default_factory=dict)  # (B, spec) -> s/step
     _gain: dict[int, float] = field(default_factory=dict)  # B -> tokens per row per spec step
     _ticks: dict[int, int] = field(default_factory=dict)
-    _seen: dict[tuple[int, bool], int] = field(default_factory=dict)
-    _odd: dict[tuple[int, bool], int] = field(default_factory=dict)  # outliers in a row
     _modes: dict[int, _Mode] = field(default_factory=dict)
     _idle: dict[int, int] = field(default_factory=dict)  # B -> plain steps left, no asking
     _idle_gap: dict[int, int] = field(default_factory=dict)  # B -> the last such wait
 
     def budget(self, uid: int) -> int:
-        if not self.adaptive:
+        """Tokens row `uid` may propose. Where a verify pass feeds every row `k + 1`
+        tokens anyway (`full_width`: CUDA's shape policy), a shorter proposal saves
+        nothing and only loses the accepted runs it cuts: every row may propose k (on an
+        H200, lookup at B=16 emitted 3.1 tokens a row per verify step with per-row budgets
+        against 3.7 without)."""
+        if not self.adaptive or self.full_width:
             return self.k
         r = self._rows.setdefault(uid, _Row())
         if r.paused:
@@ -109,12 +117,23 @@ class Control:
         if r.accept < self.pause_below:
             r.paused, r.accept = self.pause_steps, self.pause_below + 0.1
 
+    def _secs(self, b: int, spec: bool) -> float | None:
+        """A mode's step time at bucket `b`: the median of its recent steps, or the least
+        of the first two. One-off slow steps (a new shape compiled: on CUDA a verify pass
+        at a new batch size or key length took 50-90 ms against 5-8, measured on an H200)
+        only ever make a step slower, and never move the median while they are a minority
+        of the window; a lasting change moves it within WINDOW // 2 + 1 steps."""
+        times = self._times.get((b, spec))
+        if not times:
+            return None
+        return statistics.median(times) if len(times) > 2 else min(times)
+
     def _measured(self, b: int) -> bool | None:
         """Whether speculation is faster at bucket `b`, once both modes are measured there:
         the tokens a speculative step yields per row against what its time would decode."""
-        if min(self._seen.get((b, True), 0), self._seen.get((b, False), 0)) < WARM:
+        if min(len(self._times.get((b, s), ())) for s in (True, False)) < WARM:
             return None
-        return self._gain[b] * self._secs[(b, False)] >= self._secs[(b, True)]
+        return self._gain[b] * self._secs(b, False) >= self._secs(b, True)
 
     def _winner(self, b: int) -> bool | None:
         own = self._measured(b)
@@ -173,30 +192,21 @@ class Control:
         """Steps before the slower mode is probed: `explore_every`, stretched by what a
         probe step of it costs against a step of the winner (a speculative step over 7
         tokens a row is several plain steps on a compute-bound CPU), so probing keeps to a
-        small share of the time, not of the steps."""
-        t_spec, t_plain = self._secs.get((b, True)), self._secs.get((b, False))
+        small share of the time, not of the steps. The stretch is at most k + 1, the
+        tokens a row feeds: a larger ratio is a measurement gone wrong, not a cost."""
+        t_spec, t_plain = self._secs(b, True), self._secs(b, False)
         if winner or not t_spec or not t_plain:
             return self.explore_every
-        return int(self.explore_every * max(1.0, t_spec / t_plain))
+        return int(self.explore_every * min(self.k + 1, max(1.0, t_spec / t_plain)))
 
     def timed(self, rows: int, spec: bool, seconds: float, tokens: int) -> None:
-        """One step's time and the tokens it emitted. Step times move fast (0.3 per step);
-        the yield of speculative steps is smoothed harder (0.15), since acceptance varies
-        from step to step far more than the time a step takes."""
+        """One step's time and the tokens it emitted. The yield of speculative steps is
+        smoothed (0.15 per step), since acceptance varies from step to step far more than
+        the time a step takes."""
         if seconds <= 0:
             return
         b = _bucket(rows)
-        seen = self._seen[(b, spec)] = self._seen.get((b, spec), 0) + 1
-        if seen == 1:
-            return  # a first step at a batch size pays one-off costs; not a measurement
-        old = self._secs.get((b, spec))
-        if old is not None and seconds > 3 * old and self._odd.get((b, spec), 0) < 2:
-            self._odd[(b, spec)] = self._odd.get((b, spec), 0) + 1
-            return  # a one-off (a new shape compiled); two in a row, and the third counts
-        self._odd[(b, spec)] = 0
-        fast = old is None or seconds < old  # a faster step is believed at once: one-offs
-        w = 0.7 if fast else 0.3  # (compiles) only ever make a step slower
-        self._secs[(b, spec)] = seconds if old is None else (1 - w) * old + w * seconds
+        self._times.setdefault((b, spec), deque(maxlen=WINDOW)).append(seconds)
         if spec:
             old = self._gain.get(b)
             self._gain[b] = tokens / rows if old is None else 0.85 * old + 0.15 * tokens / rows

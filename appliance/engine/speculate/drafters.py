@@ -25,7 +25,7 @@ def _feed(model, layers: list, rows: list[list[int]]) -> mx.array:
     if max(pad):
         for c in layers:
             c.prepare(lengths=lengths, right_padding=pad)
-    with whole_buffers(layers, width, WHOLE_BUFFER and width > 1):
+    with whole_buffers(layers, width, WHOLE_BUFFER and width > 1, dense=True):
         logits = model(x, cache=layers)
     if max(pad):
         for c in layers:
@@ -222,7 +222,7 @@ class MTPDrafter(_Sampled):
         layer, pad = batch.extra[0], [width - n for n in lengths]
         if max(pad):
             layer.prepare(lengths=lengths, right_padding=pad)
-        with whole_buffers([layer], width, WHOLE_BUFFER and width > 1):
+        with whole_buffers([layer], width, WHOLE_BUFFER and width > 1, dense=True):
             out = self.head(hid, embed(self.target, tok), layer)
         if max(pad):
             layer.finalize()
