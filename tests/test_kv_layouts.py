@@ -26,7 +26,10 @@ SCHEMES = {
     "k8v4": Scheme(AffineCodec(64, 8, 4), (0,)),
     "turboquant": Scheme(TurboCodec(64, 4, 4), (0,)),
     "turboquant3-orthogonal": Scheme(TurboCodec(64, 3, 3, "orthogonal", 5), (0,)),
-    "turboquant3.5": Scheme(TurboCodec(64, 3.5, 3.5), (0,)),
+    # 3.5 bits: an outlier half per head (as calibrate would find), at 4 bits
+    "turboquant3.5": Scheme(TurboCodec(64, 3.5, 3.5, channels={
+        "k": [list(range(63, -1, -1)), list(range(1, 64, 2)) + list(range(0, 64, 2))],
+        "v": [list(range(64)), list(range(63, -1, -1))]}), (0,)),
     # kv.start 8: rows below it native, the rest encoded, in one layer (kv/split.py)
     "k8v4-start8": Scheme(AffineCodec(64, 8, 4), (0,), start=8),
     "turboquant-start8": Scheme(TurboCodec(64, 4, 4), (0,), start=8),

@@ -69,8 +69,11 @@ class KVPlan:
 
     def fingerprint_key(self) -> list:
         """Everything that changes the stored bytes or the tokens."""
-        return [self.scheme, self.dtype, self.key_bits, self.value_bits, self.group_size,
-                self.rotation, self.rotation_seed, self.start, list(self.quantized_layers)]
+        key = [self.scheme, self.dtype, self.key_bits, self.value_bits, self.group_size,
+               self.rotation, self.rotation_seed, self.start, list(self.quantized_layers)]
+        fractional = any(b is not None and b != int(b) for b in (self.key_bits,
+                                                                  self.value_bits))
+        return key + ["outlier-channel split"] if fractional else key
 
 
 def check_scheme(scheme: str, problems: list[str]) -> None:
@@ -86,13 +89,14 @@ def affine_vector_bytes(dim: int, bits: int, group_size: int, dtype_bytes: int) 
 
 def turbo_vector_bytes(dim: int, bits: float) -> int:
     """One head vector under TurboQuant: indices packed densely into uint32 words (whole
-    words per run), a float16 norm (3.5 bits: half the coordinates at 4 bits, half at 3)."""
+    words per run), a float16 norm per run (3.5 bits: the outlier half of the channels at 4
+    bits, the other half at 3, each with its own norm)."""
     from math import gcd
 
     runs = [(int(bits), dim)] if bits == int(bits) else [(int(bits) + 1, dim // 2),
                                                         (int(bits), dim - dim // 2)]
     block = lambda b: 32 // gcd(32, b)  # noqa: E731 (indices per whole number of words)
-    return sum(4 * (-(-n // block(b)) * block(b) * b // 32) for b, n in runs) + 2
+    return sum(4 * (-(-n // block(b)) * block(b) * b // 32) + 2 for b, n in runs)
 
 
 def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: int,
@@ -182,6 +186,10 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
         attention = ("decode: fused CUDA kernels over the packed codes, in the rotated space"
                      if fused else "decode: plain MLX in the rotated space (no fused kernel "
                      f"for this on {backend})") + "; prefill: fused SDPA over fresh float KV"
+        if kv.key_bits != int(kv.key_bits) or kv.value_bits != int(kv.value_bits):
+            attention += ("; 3.5 bits: per layer and kv head, the half of the channels with "
+                          "the largest mean |x| (calibrated once on the model) at 4 bits, the "
+                          "rest at 3, each half with its own norm and rotation")
     turbo = kv.scheme == "turboquant"
     return KVPlan(
         scheme=kv.scheme, dtype=dtype, key_bits=kv.key_bits, value_bits=kv.value_bits,

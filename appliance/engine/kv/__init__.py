@@ -30,6 +30,9 @@ class Scheme:
                  reference: bool = False):
         self.codec, self.quantized = codec, frozenset(quantized_layers if codec else ())
         self.start, self.reference = start, reference
+        # per quantized layer; a codec with an outlier split waits for `calibrate`
+        self.codecs = {} if getattr(codec, "needs_channels", False) else \
+            dict.fromkeys(self.quantized, codec)
         if self.quantized:
             install()
 
@@ -47,8 +50,25 @@ class Scheme:
                              "affine, turboquant")
         return cls(codec, kv.quantized_layers, kv.start, reference)
 
+    def calibrate(self, model) -> None:
+        """Per-layer codecs where the codec splits outlier channels (TurboQuant 3.5 bits):
+        found once, from the model (turboquant.calibrate); a no-op otherwise."""
+        if self.codecs or not self.quantized:
+            return
+        from appliance.engine.kv.turboquant import calibrate
+
+        found = calibrate(model, sorted(self.quantized), self.codec.seed)
+        self.codecs = {i: self.codec.with_channels(found[i]) for i in self.quantized}
+
+    def layer_codec(self, i: int):
+        if i not in self.codecs:
+            raise RuntimeError("this scheme splits outlier channels per layer: calibrate it "
+                               "on the model first (make_cache does)")
+        return self.codecs[i]
+
     def make_cache(self, model) -> list:
         """A new row's per-layer caches (native until `maybe_quantize` or `merge`)."""
+        self.calibrate(model)
         return make_prompt_cache(model)
 
     def maybe_quantize(self, cache: list) -> None:
@@ -56,7 +76,7 @@ class Scheme:
         for i in self.quantized:
             c = cache[i]
             if type(c) is KVCache and c.offset >= self.start:
-                cache[i] = QuantRowCache.from_native(c, self.codec, self.reference)
+                cache[i] = QuantRowCache.from_native(c, self.layer_codec(i), self.reference)
 
     def chunk_limit(self, tokens: int, chunk: int) -> int:
         """A batched row's next prefill chunk, holding `tokens`: it stops at `start`, so a
@@ -72,11 +92,11 @@ class Scheme:
         out = []
         for i, layer in enumerate(zip(*rows, strict=True)):
             if i in self.quantized and self.start:  # rows below start stay native
-                out.append(SplitLayout.merge(list(layer), self.codec, self.start,
+                out.append(SplitLayout.merge(list(layer), self.layer_codec(i), self.start,
                                              self.reference))
                 continue
             if i in self.quantized:
-                out.append(QuantLayout.merge(list(layer), self.codec, self.reference))
+                out.append(QuantLayout.merge(list(layer), self.layer_codec(i), self.reference))
                 continue
             kind = NATIVE.get(type(layer[0]))
             if kind is None:

@@ -5,8 +5,13 @@ random orthogonal R, the index of the nearest Lloyd-Max centroid of every coordi
 (coordinates of a rotated unit vector are close to N(0, 1/d)). Indices are packed into
 uint32 words. Rotations: `hadamard`, two rounds of a randomized Hadamard transform (one
 round does not spread spiky inputs; tech-brief 1.1), or `orthogonal`, a dense QR-random
-matrix. Bits per coordinate, for keys and values each: 2, 3, 4, or 3.5 (half the rotated
-coordinates at 4 bits, half at 3).
+matrix. Bits per coordinate, for keys and values each: 2, 3, 4, or 3.5.
+
+3.5 bits is the paper's outlier-channel split: per layer and kv head, the half of the
+channels with the largest mean |x| (found once per model by `calibrate`, one pass over
+seeded token ids) is one vector at 4 bits, the other half one at 3; each half has its own
+norm and its own rotation (of half the size), so an outlier channel's magnitude stays in
+its own half instead of being spread over every coordinate of the head.
 
 Attention runs in the rotated space: q is rotated once (float32), scores are
 n_t <Rq, c[idx_t]>, the values are weighted in rotated space, and one inverse rotation
@@ -59,35 +64,82 @@ def _matmul(x: mx.array, parts: tuple[mx.array, mx.array]) -> mx.array:
     return xh @ mh + (xh @ ml + xl @ mh)
 
 
+class _Rotation:
+    """A fixed random orthogonal map of size d, applied in float32 to the last axis."""
+
+    def __init__(self, d: int, kind: str, key):
+        self.d, self.kind = d, kind
+        if kind == "hadamard":
+            k1, k2 = mx.random.split(key)
+            self.signs = [mx.where(mx.random.bernoulli(key=k, shape=(d,)), 1.0, -1.0)
+                          for k in (k1, k2)]
+        else:
+            g = mx.random.normal((d, d), key=key, dtype=mx.float32)
+            q, r = mx.linalg.qr(g, stream=mx.cpu)
+            self.matrix = q * mx.sign(mx.diagonal(r))[None]  # Haar-distributed
+            self._parts = {t: _split(m) for t, m in (("T", self.matrix.T),
+                                                      ("", self.matrix))}
+
+    def rotate(self, x: mx.array) -> mx.array:
+        if self.kind == "hadamard":
+            for s in self.signs:
+                x = mx.hadamard_transform(x * s, scale=1 / math.sqrt(self.d))
+            return x
+        return _matmul(x, self._parts["T"])
+
+    def unrotate(self, y: mx.array) -> mx.array:
+        if self.kind == "hadamard":
+            for s in reversed(self.signs):
+                y = mx.hadamard_transform(y, scale=1 / math.sqrt(self.d)) * s
+            return y
+        return _matmul(y, self._parts[""])
+
+
 class TurboCodec:
     name = "turboquant"
     attends = True  # decode attends over the codes (fused on CUDA, plain MLX elsewhere)
 
     def __init__(self, dim: int, key_bits: float = 4, value_bits: float = 4,
-                 rotation: str = "hadamard", seed: int = 0):
-        if rotation == "hadamard" and not hadamard_ok(dim):
-            raise ValueError(f"no Hadamard transform of size {dim}")
+                 rotation: str = "hadamard", seed: int = 0, channels: dict | None = None):
+        """`channels` (fractional bits only): per side ("k", "v") and kv head, the channel
+        order that puts the outlier half first (`calibrate`)."""
         self.dim, self.key_bits, self.value_bits = dim, key_bits, value_bits
         self.rotation, self.seed = rotation, seed
-        key = mx.random.key(seed)
-        if rotation == "hadamard":
-            k1, k2 = mx.random.split(key)
-            self.signs = [mx.where(mx.random.bernoulli(key=k, shape=(dim,)), 1.0, -1.0)
-                          for k in (k1, k2)]
-        else:
-            g = mx.random.normal((dim, dim), key=key, dtype=mx.float32)
-            q, r = mx.linalg.qr(g, stream=mx.cpu)
-            self.matrix = q * mx.sign(mx.diagonal(r))[None]  # Haar-distributed
-            self._parts = {t: _split(m) for t, m in (("T", self.matrix.T),
-                                                      ("", self.matrix))}
-        self.books = {b: self._book(b) for w in "kv" for b, _, _ in self._segments(w)}
+        split = [w for w in "kv" if self._bits(w) != int(self._bits(w))]
+        if split and dim % 2:
+            raise ValueError(f"a fractional rate splits the channels in halves: {dim} is odd")
+        sizes = {dim // 2 if w in split else dim for w in "kv"}
+        if rotation == "hadamard" and not all(hadamard_ok(d) for d in sizes):
+            raise ValueError(f"no Hadamard transform of size {min(sizes)}")
+        key = mx.random.key(seed)  # (the whole head's rotation as before the split existed)
+        self.rotations = {d: _Rotation(d, rotation, key if d == dim
+                                       else mx.random.split(key, 3)[2]) for d in sizes}
+        # without `channels` a split codec is a template: Scheme.calibrate makes the
+        # per-layer codecs from it, and it encodes nothing itself
+        self.channels = channels
+        self._split = split
+        self._order = {}  # side -> (order, inverse), each (1, heads, 1, dim)
+        for w in split if channels else ():
+            order = mx.array(channels[w], dtype=mx.int32)
+            self._order[w] = (order[None, :, None], mx.argsort(order, axis=-1)[None, :, None])
+        self.books = {(b, n): self._book(b, n) for w in "kv" for b, _, n in self._segments(w)}
         # the fused decode kernels: MLX's CUDA backend, whole bits (tests/test_kv_cuda.py)
         self.fused = (cuda_decode.available() and key_bits == int(key_bits)
                       and value_bits == int(value_bits))
         self.fused_encode = cuda_decode.available()  # whole bits (one segment) only
 
-    def _book(self, bits: int):
-        h = mx.array(CENTROIDS[bits], dtype=mx.float32) / math.sqrt(self.dim)
+    @property
+    def needs_channels(self) -> bool:
+        """A split codec without its outlier channels (a template)."""
+        return bool(self._split) and not self.channels
+
+    def with_channels(self, channels: dict) -> TurboCodec:
+        return TurboCodec(self.dim, self.key_bits, self.value_bits, self.rotation, self.seed,
+                          {w: channels[w] for w in self._split})
+
+    def _book(self, bits: int, n: int):
+        """Centroids and thresholds for unit vectors of n coordinates (~N(0, 1/n) each)."""
+        h = mx.array(CENTROIDS[bits], dtype=mx.float32) / math.sqrt(n)
         c = mx.concatenate([-h[::-1], h])
         return c, (c[1:] + c[:-1]) / 2  # centroids, decision thresholds
 
@@ -95,9 +147,9 @@ class TurboCodec:
         return self.key_bits if which == "k" else self.value_bits
 
     def _segments(self, which: str) -> list[tuple[int, int, int]]:
-        """(bits, first coordinate, coordinates) runs of a rotated vector. 3.5 bits: half
-        the coordinates at 4 bits, half at 3; they are exchangeable after the rotation,
-        so which half gets the extra bit needs no calibration."""
+        """(bits, first channel, channels): the vectors a head vector is stored as, each
+        with its own norm and rotation. 3.5 bits: the outlier half (first, in the
+        calibrated channel order) at 4 bits, the rest at 3."""
         bits, d = self._bits(which), self.dim
         if bits == int(bits):
             return [(int(bits), 0, d)]
@@ -107,22 +159,33 @@ class TurboCodec:
     def to_json(self) -> str:
         return json.dumps({"codec": self.name, "dim": self.dim, "key_bits": self.key_bits,
                            "value_bits": self.value_bits, "rotation": self.rotation,
-                           "seed": self.seed})
+                           "seed": self.seed, "channels": self.channels})
 
-    # -- rotation (float32) ------------------------------------------------------------
-    def rotate(self, x: mx.array) -> mx.array:
-        if self.rotation == "hadamard":
-            for s in self.signs:
-                x = mx.hadamard_transform(x * s, scale=1 / math.sqrt(self.dim))
+    # -- channel order and rotation (float32) -------------------------------------------
+    def _permute(self, x: mx.array, which: str, inverse: bool = False) -> mx.array:
+        """x's channels in the calibrated order (outliers first), or back. x: (B, H, T, D)."""
+        if which not in self._split:
             return x
-        return _matmul(x, self._parts["T"])
+        if which not in self._order:
+            raise RuntimeError("a split codec without its outlier channels encodes nothing: "
+                               "Scheme.calibrate makes the per-layer codecs")
+        idx = self._order[which][1 if inverse else 0]
+        return mx.take_along_axis(x, mx.broadcast_to(idx, x.shape), axis=-1)
 
-    def unrotate(self, y: mx.array) -> mx.array:
-        if self.rotation == "hadamard":
-            for s in reversed(self.signs):
-                y = mx.hadamard_transform(y, scale=1 / math.sqrt(self.dim)) * s
-            return y
-        return _matmul(y, self._parts[""])
+    def rotate(self, x: mx.array, which: str = "k") -> mx.array:
+        """Each segment of x (channels in the calibrated order) rotated on its own."""
+        segs = self._segments(which)
+        if len(segs) == 1:
+            return self.rotations[self.dim].rotate(x)
+        return mx.concatenate([self.rotations[n].rotate(x[..., a:a + n]) for _, a, n in segs],
+                              axis=-1)
+
+    def unrotate(self, y: mx.array, which: str = "k") -> mx.array:
+        segs = self._segments(which)
+        if len(segs) == 1:
+            return self.rotations[self.dim].unrotate(y)
+        return mx.concatenate([self.rotations[n].unrotate(y[..., a:a + n])
+                               for _, a, n in segs], axis=-1)
 
     # -- codes -----------------------------------------------------------------------
     # Indices are packed densely: coordinate j of a run takes bits [j*b, j*b + b) of the
@@ -171,47 +234,54 @@ class TurboCodec:
         return (lo | hi) & ((1 << bits) - 1)
 
     def encode(self, x: mx.array, which: str) -> tuple:
-        x = x.astype(mx.float32)
-        n = mx.linalg.norm(x, axis=-1, keepdims=True)
-        y = self.rotate(x / mx.maximum(n, 1e-12))
+        x = self._permute(x.astype(mx.float32), which)
         segments = self._segments(which)
+        norms = [mx.linalg.norm(x[..., a:a + n], axis=-1, keepdims=True) for _, a, n in segments]
+        units = [x[..., a:a + n] / mx.maximum(nm, 1e-12)
+                 for (_, a, n), nm in zip(segments, norms, strict=True)]
+        y = self.rotate(units[0] if len(units) == 1 else mx.concatenate(units, axis=-1), which)
+        n = norms[0] if len(norms) == 1 else mx.concatenate(norms, axis=-1)
         if len(segments) == 1 and self.fused_encode:
             bits = segments[0][0]
-            return (turboquant_cuda.pack(y, self.books[bits][1], bits, self.words(which)),
-                    n.astype(mx.float16))
+            return (turboquant_cuda.pack(y, self.books[(bits, self.dim)][1], bits,
+                                         self.words(which)), n.astype(mx.float16))
         packed = []
         for bits, at, count in segments:
-            _, thresholds = self.books[bits]
+            _, thresholds = self.books[(bits, count)]
             idx = (y[..., at:at + count, None] > thresholds).sum(axis=-1).astype(mx.uint32)
             packed.append(self._pack(idx, bits))
         return mx.concatenate(packed, axis=-1), n.astype(mx.float16)
 
     def _centroids(self, codes: tuple, which: str) -> mx.array:
-        """n * c[idx]: the vectors in rotated space, float32."""
+        """Each segment's n * c[idx]: the vectors in (per segment) rotated space, float32."""
         packed, n = codes
+        n = n.astype(mx.float32)
         parts, word = [], 0
-        for bits, _, count in self._segments(which):
+        for s, (bits, _, count) in enumerate(self._segments(which)):
             words = self._words(bits, count)
             idx = self._unpack(packed[..., word:word + words], bits, count)
-            parts.append(self.books[bits][0][idx])
+            parts.append(self.books[(bits, count)][0][idx] * n[..., s:s + 1])
             word += words
-        return (parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)) \
-            * n.astype(mx.float32)
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
 
     def decode(self, codes: tuple, which: str, dtype) -> mx.array:
-        return self.unrotate(self._centroids(codes, which)).astype(dtype)
+        x = self.unrotate(self._centroids(codes, which), which)
+        return self._permute(x, which, inverse=True).astype(dtype)
 
     def empty(self, lead: tuple, steps: int, dim: int, dtype, which: str) -> tuple:
         return (mx.zeros((*lead, steps, self.words(which)), mx.uint32),
-                mx.zeros((*lead, steps, 1), mx.float16))
+                mx.zeros((*lead, steps, len(self._segments(which))), mx.float16))
 
     def attend(self, queries, keys, values, scale: float, mask) -> mx.array:
         """Attention in the rotated space: rotate q once, weight the values there, rotate
-        the output back once (all float32)."""
+        the output back once (all float32). With an outlier split, q takes the keys'
+        channel order and segments, the output leaves the values' (scores sum over
+        segments: the permuted dot product is the same one)."""
         B, n_q_heads, L, D = queries.shape
         n_kv_heads = keys[0].shape[-3]
         r = n_q_heads // n_kv_heads
-        q = self.rotate(queries.astype(mx.float32)) * scale
+        q = self._permute(queries.astype(mx.float32).reshape(B, n_kv_heads, r * L, D), "k")
+        q = self.rotate(q, "k") * scale
         if L == 1 and self.fused:
             out = turboquant_cuda.attend(self, q.reshape(B, n_kv_heads, r, D), keys, values,
                                          None if isinstance(mask, str) else mask)
@@ -220,8 +290,28 @@ class TurboCodec:
         k = mx.expand_dims(self._centroids(keys, "k"), 2)  # (B, Hkv, 1, T, D)
         v = mx.expand_dims(self._centroids(values, "v"), 2)
         p = masked_softmax(q @ k.swapaxes(-1, -2), mask, grouped=True)
-        out = self.unrotate(p @ v).reshape(B, n_q_heads, L, D)
-        return out.astype(queries.dtype)
+        out = self.unrotate(p @ v, "v").reshape(B, n_kv_heads, r * L, D)
+        return self._permute(out, "v", inverse=True).reshape(B, n_q_heads, L, D) \
+            .astype(queries.dtype)
+
+
+def calibrate(model, layers, seed: int, tokens: int = 256) -> dict:
+    """Per layer in `layers`, per side and kv head: the channel order with the half of
+    largest mean |x| first, from one pass of the model over `tokens` token ids drawn with
+    `seed` (the same for a model and seed). Layer -> {"k": [[...]], "v": [[...]]}."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    vocab = getattr(getattr(model, "args", None), "vocab_size", 256)
+    ids = mx.random.randint(0, vocab, (1, tokens), key=mx.random.key(seed))
+    cache = make_prompt_cache(model)
+    model(ids, cache=cache)
+    out = {}
+    for i in layers:
+        c = cache[i]
+        k, v = c.keys[..., :c.offset, :], c.values[..., :c.offset, :]
+        out[i] = {w: mx.argsort(-mx.abs(x.astype(mx.float32)).mean(axis=(0, 2)),
+                                axis=-1).tolist() for w, x in (("k", k), ("v", v))}
+    return out
 
 
 CODECS[TurboCodec.name] = TurboCodec

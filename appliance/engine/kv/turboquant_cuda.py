@@ -120,7 +120,7 @@ def attend(codec, q_rot: mx.array, keys, values, mask) -> mx.array:
     rotated and scaled. Returns the output in rotated space, (B, Hkv, R, D) float32."""
     kb, vb = int(codec.key_bits), int(codec.value_bits)
     (kp, kn), (vp, vn) = keys, values
-    return cuda_decode.attend(_kernels(), q_rot, [kp, kn, codec.books[kb][0]],
-                              [vp, vn, codec.books[vb][0]],
+    return cuda_decode.attend(_kernels(), q_rot, [kp, kn, codec.books[(kb, codec.dim)][0]],
+                              [vp, vn, codec.books[(vb, codec.dim)][0]],
                               [("WK", kp.shape[-1]), ("BITS", kb)],
                               [("WV", vp.shape[-1]), ("BITS", vb)], mask)
