@@ -175,6 +175,33 @@ def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start, monke
     assert bool(drops) == bool(start)  # at kv.start 50 the verify rollbacks hit split layers
 
 
+@pytest.mark.parametrize("start", [0, 40])
+def test_cuda_verify_attention_beside_encoded_layers_is_token_exact(start, monkeypatch):
+    """Under CUDA's shape policy with TurboQuant on layers 2-3, verify passes attend with
+    plain matmuls over float KV too: the native layers beside the encoded ones (whose key
+    length then changes every step, so MLX would build a cuDNN graph every step) and, at
+    kv.start 40, a split layer's native rows. The same arithmetic, run here, is token-exact
+    with draft=none."""
+    from appliance.engine import rows as rows_mod
+    from appliance.engine import step, verify
+    from appliance.engine.kv import quantized
+    from appliance.engine.speculate import drafters
+
+    model, tok = oracle.load(oracle.model_path("tiny"), "float32")
+    plain, _ = run(model, tok, "dynamic", scheme=Scheme(TurboCodec(64, 4, 4), (2, 3), start))
+    for mod in (drafters, verify, step, rows_mod):
+        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    calls, attend = [], quantized.DENSE.attend
+    monkeypatch.setattr(quantized.DENSE, "attend",
+                        lambda q, k, v, sc, m: calls.append(k[0].shape) or attend(q, k, v, sc, m))
+    draft = (Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), Control(4))
+    spec, s = run(model, tok, "dynamic", draft,
+                  scheme=Scheme(TurboCodec(64, 4, 4), (2, 3), start))
+    assert s._batch.spec_ticks > 0 and calls
+    for r in plain:
+        assert spec[r].tokens == plain[r].tokens, r
+
+
 @pytest.mark.parametrize("drafter", ["scripted", "mtp"])
 def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch):
     """On CUDA, verify passes attend over whole KV buffers and feed every row k + 1 tokens

@@ -19,7 +19,6 @@ class FullLayout(BatchKVCache):
     new key length (measured on an H200: ~50 ms a pass against ~5.5 ms at a fixed one)."""
 
     whole_buffer = False
-    dense = False  # (with whole_buffer) attention as plain matmuls: see whole_buffers
 
     def reserve(self, n: int) -> None:
         """Allocate room for n more tokens now (the mask is built before the write)."""
@@ -41,13 +40,7 @@ class FullLayout(BatchKVCache):
 
     def update_and_fetch(self, keys, values):
         k, v = super().update_and_fetch(keys, values)
-        if not self.whole_buffer:
-            return k, v
-        if self.dense:  # to quantized._dispatch (mlx-lm sends it a cache with `bits`)
-            from appliance.engine.kv.quantized import DENSE, Codes
-
-            return Codes((self.keys,), DENSE), Codes((self.values,), DENSE)
-        return self.keys, self.values
+        return (self.keys, self.values) if self.whole_buffer else (k, v)
 
     @classmethod
     def merge(cls, caches):
@@ -72,35 +65,42 @@ class whole_buffers:
     where encoded layers sit beside native ones (the model builds one mask, from its first
     layer, for every full-attention layer: their key lengths must agree).
 
-    `dense` (a pass of a few tokens a row: a verify, a drafter's): attention runs as plain
-    matmuls and a softmax (`quantized.DENSE`), not MLX's fused attention, which on CUDA
-    builds a cuDNN graph for every new (rows, key length) pair: 50-90 ms against a 5-8 ms
-    verify step at B=16 on an H200, paid again whenever a row leaves or a buffer grows
-    (2026-12-01 trace: a third of the speculative steps' time). Prefill chunks keep the
-    fused kernel (their scores would be chunk x keys per head)."""
+    `dense` (a pass of a few tokens a row: a verify, a drafter's): float KV, native layers'
+    and a split layer's native rows' alike, is attended with plain matmuls and a softmax
+    (`quantized.DENSE`), not MLX's fused attention, which on CUDA builds a cuDNN graph for
+    every new (rows, key length) pair: 50-90 ms against a 5-8 ms verify step at B=16 on an
+    H200, paid again whenever a row leaves or a buffer grows (2026-12-01 trace: a third of
+    the speculative steps' time; beside encoded layers the key length is new every step).
+    Prefill chunks keep the fused kernel (their scores would be chunk x keys per head)."""
 
     def __init__(self, layers: list, n: int, on: bool, dense: bool = False):
-        on = on and not any(hasattr(c, "decode_like") for c in layers)
-        self.layers = [c for c in layers if isinstance(c, FullLayout)
-                       and c.keys is not None] if on else []
-        self.n, self.dense = n, dense and n > 1
+        full = [c for c in layers if isinstance(c, FullLayout) and c.keys is not None] \
+            if on else []
+        self.layers = [] if any(hasattr(c, "decode_like") for c in layers) else full
+        self.dense = full if on and dense and n > 1 else None  # (None: no dense pass)
+        self.n = n
 
     def __enter__(self):
-        if self.dense:
-            from appliance.engine.kv.quantized import install
+        if self.dense is not None:
+            from appliance.engine.kv import quantized
 
-            install()
+            quantized.install()
+            self._was = quantized.dense_pass(True)
+            for c in self.dense:  # mlx-lm sends a cache with `bits` to quantized._dispatch
+                c.bits = c.group_size = None
         for c in self.layers:
             c.reserve(self.n)
             c.whole_buffer = True
-            if self.dense:
-                c.dense, c.bits, c.group_size = True, None, None
 
     def __exit__(self, *exc):
         for c in self.layers:
             c.whole_buffer = False
-            if self.dense:
-                del c.dense, c.bits, c.group_size
+        if self.dense is not None:
+            from appliance.engine.kv import quantized
+
+            quantized.dense_pass(self._was)
+            for c in self.dense:
+                del c.bits, c.group_size
 
 
 def roll_row_back(layout, i: int, n: int) -> None:

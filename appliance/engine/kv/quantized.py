@@ -17,6 +17,7 @@ caches go through as before.
 from __future__ import annotations
 
 import json
+import threading
 
 import mlx.core as mx
 import mlx_lm.models.base as base
@@ -85,6 +86,15 @@ class _Dense:
 
 DENSE = _Dense()
 _original = base.quantized_scaled_dot_product_attention
+_pass = threading.local()  # .dense: this thread runs a verify's or drafter's short pass
+
+
+def dense_pass(on: bool) -> bool:
+    """Set whether float KV of multi-token passes on this thread is attended by DENSE
+    (native.whole_buffers); returns the setting it replaces."""
+    was = getattr(_pass, "dense", False)
+    _pass.dense = on
+    return was
 
 
 def _dispatch(queries, q_keys, q_values, scale, mask, group_size=64, bits=8):
@@ -94,6 +104,8 @@ def _dispatch(queries, q_keys, q_values, scale, mask, group_size=64, bits=8):
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out if q_keys.order is None else out[q_keys.order]
     if isinstance(q_keys, mx.array):  # float KV: a prefill chunk, or the reference path
+        if queries.shape[2] > 1 and getattr(_pass, "dense", False):  # or a verify pass
+            return DENSE.attend(queries, (q_keys,), (q_values,), scale, mask)
         return mx.fast.scaled_dot_product_attention(queries, q_keys, q_values, scale=scale,
                                                     mask=mask)
     if isinstance(q_keys, Codes):
