@@ -230,3 +230,47 @@ def test_a_recurrent_row_rolls_back_to_its_checkpoint_alone():
     layout.filter([0, 2])
     with pytest.raises(ValueError):
         layout.rollback(0, 1)
+
+
+def test_masked_tails_equal_rolled_tails():
+    """A verify pass over native layers masks what each row drops beyond the common part
+    (FullLayout holes) instead of rolling every row's history right. Rows, attention, and
+    what the rows hold after later writes, leaves, joins and a rollback are the same either
+    way."""
+    from appliance.engine.kv.native import drop_tails
+
+    def batch():
+        rows = [KVCache() for _ in range(3)]
+        for i, (r, n) in enumerate(zip(rows, (9, 5, 12), strict=True)):
+            r.update_and_fetch(*_tokens(n, i))
+        (layout,) = Scheme().merge([[r] for r in rows])
+        k, v = _tokens(4, 50)  # a 4-token pass for every row, then each keeps its own part
+        layout.update_and_fetch(mx.repeat(k, 3, axis=0), mx.repeat(v, 3, axis=0))
+        return layout
+
+    def rows_of(layout, n):
+        return [(layout.extract(i).keys, layout.extract(i).values) for i in range(n)]
+
+    def attend(layout, n):
+        k, v = _tokens(1, 77)
+        mask = layout.make_mask(1)  # (as a model builds it: before the write)
+        keys, values = layout.update_and_fetch(mx.repeat(k, n, axis=0), mx.repeat(v, n, axis=0))
+        q = mx.random.normal((n, H, 1, D), key=mx.random.key(5))
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=D ** -0.5, mask=mask)
+
+    rolled, masked = batch(), batch()
+    drop_tails(rolled, [3, 1, 0])
+    drop_tails(masked, [3, 1, 0], holes=True)
+    assert masked._holes is not None and rolled._holes is None
+    for a, b in zip(rows_of(rolled, 3), rows_of(masked, 3), strict=True):
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
+    assert mx.allclose(attend(rolled, 3), attend(masked, 3), atol=1e-6).item()
+    for layout in (rolled, masked):  # a row leaves, a new one joins, one rolls back 2
+        layout.filter([0, 2])
+        fresh = KVCache()
+        fresh.update_and_fetch(*_tokens(7, 9))
+        layout.extend(Scheme().merge([[fresh]])[0])
+        layout.rollback(1, 2)
+    for a, b in zip(rows_of(rolled, 3), rows_of(masked, 3), strict=True):
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
+    assert mx.allclose(attend(rolled, 3), attend(masked, 3), atol=1e-6).item()

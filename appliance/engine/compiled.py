@@ -51,7 +51,7 @@ def compilable(model, layers: list) -> bool:
     """Every layer is a native full-attention layout that has been written (and the model
     is a plain one: no hidden-state tap)."""
     return bool(layers) and all(type(c) is FullLayout and c.keys is not None
-                                for c in layers) and hasattr(model, "layers")
+                                and c._holes is None for c in layers) and hasattr(model, "layers")
 
 
 STEP = FullLayout.step

@@ -136,5 +136,6 @@ class Verifying:
                     drop_tails(c, [width] * len(fed))
             self._forward(model, kept)
             return
+        holes = not any(hasattr(c, "decode_like") for c in self.layers)  # all native
         for c in self.layers:
-            drop_tails(c, [width - len(k) for k in kept])
+            drop_tails(c, [width - len(k) for k in kept], holes)
