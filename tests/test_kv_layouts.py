@@ -274,3 +274,13 @@ def test_masked_tails_equal_rolled_tails():
     for a, b in zip(rows_of(rolled, 3), rows_of(masked, 3), strict=True):
         assert all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
     assert mx.allclose(attend(rolled, 3), attend(masked, 3), atol=1e-6).item()
+    k, v = _tokens(3, 60)  # another 3-token pass, more holes, then compacted away
+    for layout in (rolled, masked):
+        layout.update_and_fetch(mx.repeat(k, 3, axis=0), mx.repeat(v, 3, axis=0))
+    drop_tails(rolled, [0, 2, 1])
+    drop_tails(masked, [0, 2, 1], holes=True)
+    masked.compact(masked.compaction())
+    assert masked._holes is None and masked._idx % masked.step == 0
+    for a, b in zip(rows_of(rolled, 3), rows_of(masked, 3), strict=True):
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
+    assert mx.allclose(attend(rolled, 3), attend(masked, 3), atol=1e-6).item()

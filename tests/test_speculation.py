@@ -20,6 +20,7 @@ from appliance.engine.budget import Budget, KVShape
 from appliance.engine.continuous import ContinuousScheduler
 from appliance.engine.kv import Scheme
 from appliance.engine.kv.affine import AffineCodec
+from appliance.engine.kv.native import FullLayout
 from appliance.engine.kv.turboquant import TurboCodec
 from appliance.engine.prefix_cache import PrefixCache, RamTier
 from appliance.engine.speculate import Control, LookupDrafter, ModelDrafter, MTPDrafter
@@ -597,6 +598,27 @@ def test_a_step_is_timed_only_after_a_step_of_its_own_kind(loaded):
     assert all(last == [spec, spec] for last, spec in timed)
     switches = sum(a != b for a, b in zip(decided, decided[1:], strict=False))
     assert switches > 5  # ...and none of the steps after a switch
+
+
+@pytest.mark.parametrize("schedule", ["static-4", "dynamic"])
+def test_compacting_the_masked_slots_after_every_verify_is_token_exact(schedule, monkeypatch):
+    """Rows that kept fewer drafts than others leave masked slots (FullLayout holes); past
+    a share of the buffer they are gathered right-aligned again. Compacting after every
+    verify pass changes no token."""
+    from appliance.engine import verify
+
+    model, tok = oracle.load(oracle.model_path("tiny"), "float32")
+    plain, _ = run(model, tok, schedule)
+    monkeypatch.setattr(verify, "COMPACT_AT", -1.0)
+    compacted = []
+    orig = FullLayout.compact
+    monkeypatch.setattr(FullLayout, "compact",
+                        lambda self, plan: compacted.append(1) or orig(self, plan))
+    draft = (Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), Control(4))
+    spec, s = run(model, tok, schedule, draft)
+    assert s._batch.spec_ticks > 0 and compacted
+    for r in plain:
+        assert spec[r].tokens == plain[r].tokens, r
 
 
 def test_every_row_may_propose_k_where_a_verify_pass_feeds_k_plus_one_anyway():

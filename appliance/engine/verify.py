@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from appliance.engine.kv.native import RecurrentLayout, drop_tails, whole_buffers
+from appliance.engine.kv.native import FullLayout, RecurrentLayout, drop_tails, whole_buffers
 from appliance.engine.sampling import SeededSampler, distribution, row_key
 from appliance.engine.speculate import WHOLE_BUFFER, accept_deterministic, accept_sampled
+
+# Rows that keep fewer tokens than the batch's longest run leave masked slots behind
+# (FullLayout holes): every later step attends over them. Past this share of the slots the
+# rows are gathered right-aligned again (one gather per layer, as a roll costs).
+COMPACT_AT = 0.25
 
 
 class Verifying:
@@ -139,3 +144,8 @@ class Verifying:
         holes = not any(hasattr(c, "decode_like") for c in self.layers)  # all native
         for c in self.layers:
             drop_tails(c, [width - len(k) for k in kept], holes)
+        full = [c for c in self.layers if isinstance(c, FullLayout) and c._holes is not None]
+        if full and full[0].holes_share() > COMPACT_AT:
+            plan = full[0].compaction()
+            for c in full:
+                c.compact(plan)

@@ -47,7 +47,9 @@ class FullLayout(BatchKVCache):
         return mask
 
     def mask_tails(self, counts: list[int]) -> None:
-        """drop_tails without moving data: each row's last counts[i] slots become holes."""
+        """drop_tails without moving data: each row's last counts[i] slots become holes.
+        Those slots are the pass's own writes (its padding and rejected drafts), never
+        older holes: counts[i] is at most the tokens the pass fed."""
         if any(counts):
             c = mx.array(counts)
             pos = mx.arange(self._idx)[None]
@@ -55,6 +57,36 @@ class FullLayout(BatchKVCache):
             self._holes = new if self._holes is None else _width(self._holes, self._idx) | new
             self.offset = self.offset - c
         self._right_padding = None
+
+    def holes_share(self) -> float:
+        """Masked slots over all slots up to the cursor (0.0 without holes)."""
+        if self._holes is None or not self._idx:
+            return 0.0
+        return _width(self._holes, self._idx).sum().item() / (self._holes.shape[0] * self._idx)
+
+    def compaction(self) -> tuple[mx.array, list[int]] | None:
+        """Where every row's held slots go to sit right-aligned again: a gather index
+        (rows, width) and the rows' new left padding; width is a whole number of `step`
+        slots (the CUDA shape policy's grid). None without holes."""
+        if self._holes is None:
+            return None
+        pads, holes = self.left_padding.tolist(), _width(self._holes, self._idx).tolist()
+        held = [[p for p in range(pad, self._idx) if not h[p]]
+                for pad, h in zip(pads, holes, strict=True)]
+        width = -(-max(map(len, held)) // self.step) * self.step
+        return (mx.array([[0] * (width - len(k)) + k for k in held]),
+                [width - len(k) for k in held])
+
+    def compact(self, plan: tuple[mx.array, list[int]]) -> None:
+        """Apply a `compaction` (the same for every layer of a batch: their holes agree)."""
+        index, pads = plan
+        B, width = index.shape
+        for name in ("keys", "values"):
+            x = getattr(self, name)
+            at = mx.broadcast_to(index[:, None, :, None], (B, x.shape[1], width, x.shape[3]))
+            setattr(self, name, mx.take_along_axis(x, at, axis=2))
+        self.left_padding = mx.array(pads)
+        self._idx, self._holes = width, None
 
     def finalize(self):
         """A pass's right padding: rolled away as mlx-lm does, or masked where the rows
