@@ -160,7 +160,6 @@ class FullLayout(BatchKVCache):
         return out
 
 
-
 def _width(holes: mx.array, n: int) -> mx.array:
     """`holes` cut or padded (not holes) to n slots."""
     w = holes.shape[1]
