@@ -139,6 +139,31 @@ def test_speculation_is_token_exact_with_no_draft_at_temperature_0(loaded, sched
         assert accepted > 0
 
 
+def test_lookup_with_masked_rollbacks_feeds_the_prefix_cache_exact_rows(monkeypatch):
+    """Native layers mask a verify's dropped slots (FullLayout holes); a finished row's KV
+    goes to the prefix cache without them: every row runs twice, the second a hit, and the
+    tokens equal draft=none's both times."""
+    from appliance.engine.kv.native import FullLayout
+
+    model, tok = oracle.load(oracle.model_path("tiny"), "float32")
+    holes, share = [], FullLayout.holes_share
+    monkeypatch.setattr(FullLayout, "holes_share",
+                        lambda self: holes.append(self._holes is not None) or share(self))
+    outs = []
+    for draft in (None, lookup()):
+        s = scheduler(model, tok, 4, draft, prefix=PrefixCache(ram=RamTier(1 << 30)))
+        got = []
+        for _ in range(2):
+            p = prompts(tok)
+            rows = {r: Collector(GenerationRequest(p[r], ROWS[r][1])) for r in "abcd"}
+            drive(s, [(0, "insert", r) for r in "abcd"], rows)
+            got.append({r: (c.tokens, c.finished.cached_tokens) for r, c in rows.items()})
+        assert all(cached > 0 for _, cached in got[1].values())  # the second run hit
+        outs.append(got)
+    assert outs[0] == outs[1]
+    assert any(holes)  # verify passes left masked slots
+
+
 @pytest.mark.parametrize("kv", ["k8v4", "turboquant"])
 @pytest.mark.parametrize("start", [0, 50])
 def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start, monkeypatch):
