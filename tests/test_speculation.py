@@ -139,6 +139,20 @@ def test_speculation_is_token_exact_with_no_draft_at_temperature_0(loaded, sched
         assert accepted > 0
 
 
+def _twice(model, tok, draft, scheme=None) -> list[dict]:
+    """Rows a-d run twice through one scheduler with a RAM prefix cache (the second run
+    hits it); per run, each row's tokens and cached prompt tokens."""
+    s = scheduler(model, tok, 4, draft, scheme=scheme, prefix=PrefixCache(ram=RamTier(1 << 30)))
+    got = []
+    for _ in range(2):
+        p = prompts(tok)
+        rows = {r: Collector(GenerationRequest(p[r], ROWS[r][1])) for r in "abcd"}
+        drive(s, [(0, "insert", r) for r in "abcd"], rows)
+        got.append({r: (c.tokens, c.finished.cached_tokens) for r, c in rows.items()})
+    assert all(cached > 0 for _, cached in got[1].values())  # the second run hit
+    return got
+
+
 def test_lookup_with_masked_rollbacks_feeds_the_prefix_cache_exact_rows(monkeypatch):
     """Native layers mask a verify's dropped slots (FullLayout holes); a finished row's KV
     goes to the prefix cache without them: every row runs twice, the second a hit, and the
@@ -151,15 +165,7 @@ def test_lookup_with_masked_rollbacks_feeds_the_prefix_cache_exact_rows(monkeypa
                         lambda self: holes.append(self._holes is not None) or share(self))
     outs = []
     for draft in (None, lookup()):
-        s = scheduler(model, tok, 4, draft, prefix=PrefixCache(ram=RamTier(1 << 30)))
-        got = []
-        for _ in range(2):
-            p = prompts(tok)
-            rows = {r: Collector(GenerationRequest(p[r], ROWS[r][1])) for r in "abcd"}
-            drive(s, [(0, "insert", r) for r in "abcd"], rows)
-            got.append({r: (c.tokens, c.finished.cached_tokens) for r, c in rows.items()})
-        assert all(cached > 0 for _, cached in got[1].values())  # the second run hit
-        outs.append(got)
+        outs.append(_twice(model, tok, draft))
     assert outs[0] == outs[1]
     assert any(holes)  # verify passes left masked slots
 
@@ -186,17 +192,7 @@ def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start, monke
     codec = {"k8v4": lambda: AffineCodec(64, 8, 4), "turboquant": lambda: TurboCodec(64, 4, 4)}
     outs = []
     for draft in (None, lookup()):
-        scheme = Scheme(codec[kv](), tuple(range(6)), start)
-        prefix = PrefixCache(ram=RamTier(1 << 30))
-        s = scheduler(model, tok, 4, draft, scheme=scheme, prefix=prefix)
-        got = []
-        for _ in range(2):
-            p = prompts(tok)
-            rows = {r: Collector(GenerationRequest(p[r], ROWS[r][1])) for r in "abcd"}
-            drive(s, [(0, "insert", r) for r in "abcd"], rows)
-            got.append({r: (c.tokens, c.finished.cached_tokens) for r, c in rows.items()})
-        assert all(cached > 0 for _, cached in got[1].values())  # the second run hit
-        outs.append(got)
+        outs.append(_twice(model, tok, draft, Scheme(codec[kv](), tuple(range(6)), start)))
     assert outs[0] == outs[1]
     assert bool(drops) == bool(start)  # at kv.start 50 the verify rollbacks hit split layers
 

@@ -96,10 +96,12 @@ class FullLayout(BatchKVCache):
         super().finalize()
 
     def filter(self, batch_indices):
+        if self._holes is None:
+            return super().filter(batch_indices)
         holes, keep = self._holes, list(batch_indices)
-        trim = min(self.left_padding[mx.array(keep)].tolist()) if keep else 0
+        trim = min(self.left_padding[mx.array(keep)].tolist()) if keep else 0  # as mlx-lm's
         super().filter(batch_indices)
-        if holes is not None and keep:
+        if keep:
             holes = holes[mx.array(keep)][:, trim:]
             self._holes = holes if holes.any().item() else None
 
