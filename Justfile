@@ -29,6 +29,13 @@ sweep *ARGS:
 bench-agents *ARGS:
     appliance mode=bench bench=agents {{ARGS}}
 
+# issue 13's memory scenario (H200, 1B shape; old code answered HTTP 500 there; docs/memory.md)
+bench-memory *ARGS:
+    appliance mode=bench bench=agents model=synthetic model.shape=llama-3.2-1b \
+        model.dtype=bfloat16 cache=ram batch.max_rows=16 cache.ram.bytes=32GiB \
+        bench.anchor=none bench.agents=16 bench.turns=12 bench.system_tokens=4096 \
+        bench.tool_tokens=1024 {{ARGS}}
+
 # search batch/cache knobs on bench=agents (Optuna), e.g. just tune tune.profile=tuned-m4;
 # writes profiles/<tune.profile>.yaml (docs/tuning.md)
 tune *ARGS:

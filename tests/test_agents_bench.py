@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.bench.agents import agents_text
 from appliance.bench.stats import RequestResult, summarize_agents
 from appliance.config.schema import BenchConfig
 
@@ -91,6 +92,9 @@ def test_agents_against_self_and_mlx_lm(tmp_path):
     assert all(r["cached_tokens"] >= 64 for r in later)  # at least the system prompt
     assert set(doc["ratios"]) >= {"aggregate_tok_s", "ttft_ms_p95"}
     assert all(v > 0 for v in doc["ratios"].values())
+    mem = doc["engine"]["memory"]  # MLX's own account, from the server's /stats
+    assert mem["peak_bytes"] >= mem["active_bytes"] > 0 and mem["allocation_failures"] == 0
+    assert "# memory GiB (MLX, after the run): active" in agents_text(doc)
     on_disk = json.loads((tmp_path / "bench.json").read_text())
     assert on_disk["label"]["bench"]["agents"] == 2 and on_disk["ratios"] == doc["ratios"]
 

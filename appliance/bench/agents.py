@@ -197,6 +197,13 @@ def agents_text(doc: dict) -> str:
     errors = [e for part in filter(None, [doc, doc.get("anchor")])
               for e in part["summary"]["error_samples"]]
     lines = [_heading(doc), f"# {settings}", _table(header, rows)]
+    if m := (doc.get("engine") or {}).get("memory"):
+        gib = {k: f"{m[k] / 2**30:.1f}" for k in ("active_bytes", "cache_bytes", "peak_bytes",
+                                                   "limit_bytes") if m.get(k) is not None}
+        lines.append(f"# memory GiB (MLX, after the run): active {gib.get('active_bytes')} "
+                     f"cache {gib.get('cache_bytes')} peak {gib.get('peak_bytes')} limit "
+                     f"{gib.get('limit_bytes')}; failed allocations "
+                     f"{m.get('allocation_failures')}")
     return "\n".join(lines + [f"# error: {e}" for e in errors])
 
 

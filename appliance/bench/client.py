@@ -117,13 +117,14 @@ async def poll_active_rows(http: httpx.AsyncClient, stop: asyncio.Event) -> int 
 
 async def engine_seconds(http: httpx.AsyncClient) -> dict | None:
     """The engine's own account from GET /stats after a run (warm-up included): seconds in
-    prefill and in decode steps, tokens generated, the prefix cache's hits."""
+    prefill and in decode steps, tokens generated, the prefix cache's hits, and MLX's memory
+    (active, buffer cache, peak, limit, failed allocations)."""
     try:
         s = (await http.get("/stats")).json()
     except (httpx.HTTPError, ValueError):
         return None
     return {k: s.get(k) for k in ("prefill_seconds", "decode_seconds", "tokens_generated",
-                                  "cache")}
+                                  "cache", "memory")}
 
 
 @dataclass(frozen=True)
