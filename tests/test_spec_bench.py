@@ -1,0 +1,47 @@
+"""bench=spec: the plan's draft against draft=none on one loaded model, in one run, and the
+verify cost. Speed is never asserted; the structure and the contenders' equal work are."""
+
+from __future__ import annotations
+
+import json
+
+from appliance.bench.spec import spec_text
+from appliance.config.schema import BenchConfig
+
+SMALL = dict(workload="spec", spec_workloads=["edit", "free"], spec_batches=[1, 2],
+             spec_context=64, decode_tokens=12, repeats=2, spec_verify_cost=True)
+
+
+def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, monkeypatch):
+    from conftest import resolve_overrides
+
+    from appliance.bench import run, spec
+
+    order, real = [], spec._run_batch
+
+    def logged(sched, reqs):
+        order.append("none" if sched.drafter is None else "draft")
+        return real(sched, reqs)
+
+    monkeypatch.setattr(spec, "_run_batch", logged)
+    overrides = ["model.dtype=float32", "draft=lookup", "draft.k=3"]
+    plan = resolve_overrides(overrides)
+    doc = run(plan, BenchConfig(**SMALL), tmp_path, tuple(overrides))
+    r = doc["result"]
+    assert (r["draft"], r["k"]) == ("lookup", 3)
+    assert [(c["workload"], c["rows"]) for c in r["cells"]] == [
+        ("edit", 1), ("edit", 2), ("free", 1), ("free", 2)]
+    for c in r["cells"]:
+        for name in ("none", "lookup"):
+            assert len(c[name]["runs_tok_s"]) == 2 and c[name]["tok_s"] == max(
+                c[name]["runs_tok_s"])
+            assert c[name]["tokens"] == c["none"]["tokens"]  # the same work (EOS banned)
+        assert c["none"]["accepted"] == c["none"]["rejected"] == 0
+        assert c["ratio"] == round(c["lookup"]["tok_s"] / c["none"]["tok_s"], 3)
+    # per cell: a warm-up each, then the runs alternate (drift on the machine meets both)
+    assert order == ["none", "draft"] * (1 + 2) * 4
+    assert [v["rows"] for v in r["verify_cost"]] == [1, 2]
+    assert all([x["k"] for x in v["verify"]] == [1, 2, 3] for v in r["verify_cost"])
+    text = spec_text(doc)
+    assert "draft=lookup (k=3) against draft=none" in text and "verify cost at B=2" in text
+    assert json.loads((tmp_path / "bench.json").read_text())["result"] == r
