@@ -7,8 +7,9 @@ Two workloads, each at B rows for B in `bench.spec_batches`, temperature 0, EOS 
 - `free`: code generation continuing the start of a held-out file: draft=mtp's and
   draft=model's case.
 Both engines run in this process on one loaded model, through the continuous scheduler
-(the anchor's lone row takes the solo path a draft=none user gets). Decode tok/s counts
-tokens after every row's first one, over the time since then (prefill excluded).
+(the anchor's lone row takes the solo path a draft=none user gets), their runs alternating;
+each reports its best of `bench.repeats`. Decode tok/s counts tokens after every row's first
+one, over the time since then (prefill excluded).
 
 Also: the verify cost, a forward over B rows of 1 + k tokens against a plain decode step
 at the same B and context, for k = 1..draft.k (what a proposal costs before acceptance).
