@@ -160,3 +160,20 @@ def test_ctrl_c_stops_the_server(tmp_path, target):
     assert not Path(f"/proc/{server}").exists()  # stopped and reaped, not orphaned
     assert not _listening(port)
     assert not glob.glob(str(tmp_path / "bench/*/ssd"))
+
+
+def test_a_warm_up_burst_sends_one_short_request_per_agent_before_the_timed_run(tmp_path):
+    """With warm-up on, one short untimed request per agent goes out together (the batch
+    sizes the run meets are compiled before it, for each contender alike); the engine's
+    own count of generated tokens shows it: EOS is banned, so every request runs to its
+    max_tokens."""
+    from conftest import resolve_overrides
+
+    from appliance.bench import run
+    from appliance.bench.agents import BURST_TOKENS
+
+    overrides = [*CPU, "cache=ram"]
+    cfg = {**TINY, "warmup": 1, "agents": 3, "turns": 1, "anchor": "none"}
+    doc = run(resolve_overrides(overrides), BenchConfig(**cfg), tmp_path, tuple(overrides))
+    assert (doc["summary"]["requests"], doc["summary"]["errors"]) == (3, 0)
+    assert doc["engine"]["tokens_generated"] == 4 + 3 * BURST_TOKENS + 3 * 4

@@ -81,6 +81,8 @@ async def _agents(ep: Endpoint, conv: Conversations, cfg, advance):
                                      RequestResult(-1, k, 0.0))
             if w.error:
                 raise RuntimeError(f"warm-up request failed: {w.error}")
+        if cfg.warmup:
+            await _burst(http, path, ep, conv, cfg)
         offsets = arrival_offsets(cfg.agents, cfg.stagger_s, cfg.jitter_s, cfg.seed)
         stop = asyncio.Event()
         poller = asyncio.ensure_future(poll_active_rows(http, stop) if ep.poll_stats
@@ -115,6 +117,25 @@ async def _agents(ep: Endpoint, conv: Conversations, cfg, advance):
         admitted = await poller
         engine = await engine_seconds(http) if ep.poll_stats else None
     return [r for rs in per_agent for r in rs], admitted, t0, abandoned, engine
+
+
+BURST_TOKENS = 8  # decode steps of the warm-up burst: enough to run each batch size once
+
+
+async def _burst(http: httpx.AsyncClient, path: str, ep: Endpoint, conv: Conversations,
+                 cfg) -> None:
+    """Untimed: one short request per agent, all at once, so that the batch sizes the run
+    will meet are compiled before it. On a fresh H200 the first batch of 8+ rows of a 4-bit
+    8B model stalled ~36 s once (a one-off compile a second process did not pay); without
+    this the contender measured first paid it and the other did not."""
+    async def one(i: int) -> RequestResult:
+        msgs = [{"role": "user", "content": f"Warm-up {i}. " + conv.tasks[0]}]
+        return await stream_request(http, path, messages_body(ep, msgs, BURST_TOKENS),
+                                    RequestResult(-1, i, 0.0))
+
+    for w in await asyncio.gather(*(one(i) for i in range(cfg.agents))):
+        if w.error:
+            raise RuntimeError(f"warm-up request failed: {w.error}")
 
 
 def run_agents(ep: Endpoint, conv: Conversations, cfg, advance=lambda: None):
