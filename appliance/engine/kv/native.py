@@ -64,15 +64,18 @@ class FullLayout(BatchKVCache):
             return 0.0
         return _width(self._holes, self._idx).sum().item() / (self._holes.shape[0] * self._idx)
 
+    def _held(self, i: int) -> list[int]:
+        """The slots row i holds (past its left padding, not holes), in order."""
+        pad, h = int(self.left_padding[i].item()), _width(self._holes, self._idx)[i].tolist()
+        return [p for p in range(pad, self._idx) if not h[p]]
+
     def compaction(self) -> tuple[mx.array, list[int]] | None:
         """Where every row's held slots go to sit right-aligned again: a gather index
         (rows, width) and the rows' new left padding; width is a whole number of `step`
         slots (the CUDA shape policy's grid). None without holes."""
         if self._holes is None:
             return None
-        pads, holes = self.left_padding.tolist(), _width(self._holes, self._idx).tolist()
-        held = [[p for p in range(pad, self._idx) if not h[p]]
-                for pad, h in zip(pads, holes, strict=True)]
+        held = [self._held(i) for i in range(self.left_padding.shape[0])]
         width = -(-max(map(len, held)) // self.step) * self.step
         return (mx.array([[0] * (width - len(k)) + k for k in held]),
                 [width - len(k) for k in held])
@@ -123,8 +126,7 @@ class FullLayout(BatchKVCache):
     def rollback(self, i: int, n: int) -> None:
         if self._holes is None:
             return roll_row_back(self, i, n)
-        pad, h = int(self.left_padding[i].item()), _width(self._holes, self._idx)[i].tolist()
-        held = [p for p in range(pad, self._idx) if not h[p]]
+        held = self._held(i)
         if n > len(held):
             raise ValueError(f"cannot roll row {i} back by {n}: it holds {len(held)} tokens")
         drop = mx.zeros((self._idx,), mx.bool_)
@@ -143,8 +145,7 @@ class FullLayout(BatchKVCache):
             return super().extract(i)
         from mlx_lm.models.cache import KVCache
 
-        pad, h = int(self.left_padding[i].item()), _width(self._holes, self._idx)[i].tolist()
-        at = mx.array([p for p in range(pad, self._idx) if not h[p]])
+        at = mx.array(self._held(i))
         cache = KVCache()
         cache.keys = mx.contiguous(self.keys[i:i + 1, :, at])
         cache.values = mx.contiguous(self.values[i:i + 1, :, at])
