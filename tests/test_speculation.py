@@ -248,6 +248,42 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch):
         assert spec[r].tokens == plain[r].tokens, (name, r)
 
 
+@pytest.mark.parametrize("shape_policy", [False, True])
+@pytest.mark.parametrize("drafter", ["scripted", "mtp"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_compiled_verify_passes_are_token_exact(loaded, schedule, drafter, shape_policy,
+                                                monkeypatch):
+    """Verify passes as one compiled graph (fixed shapes over whole buffers: models whose
+    layers are all full attention; the others, and batches with masked slots, run
+    uncompiled) give draft=none's tokens, alone and with CUDA's shape policy."""
+    from appliance.engine import rows, step, verify
+    from appliance.engine.compiled import CompiledDecode
+    from appliance.engine.speculate import drafters
+
+    name, model, tok = loaded
+    if drafter == "mtp" and name == "tiny-gemma3":
+        pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
+    plain, _ = run(model, tok, schedule)
+    if shape_policy:
+        for mod in (drafters, verify, step, rows):
+            monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    passes = []
+    forward = CompiledDecode.forward
+    monkeypatch.setattr(CompiledDecode, "forward",
+                        lambda self, *a: passes.append(a[0].shape) or forward(self, *a))
+    mx.random.seed(0)
+    draft = ((Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), Control(4))
+             if drafter == "scripted" else
+             (MTPDrafter(MTPHead.for_model(model), model, 16), Control(3, adaptive=False)))
+    spec, s = run(model, tok, schedule, draft, compile_verify=True)
+    assert s._batch.spec_ticks > 0
+    for r in plain:
+        assert spec[r].tokens == plain[r].tokens, (name, schedule, r)
+    all_full = all(type(c).__name__ == "KVCache" for c in Scheme().make_cache(model))
+    assert bool(passes) == all_full  # compiled where the layers allow it, and only there
+    assert all(len(shape) == 2 and shape[1] > 1 for shape in passes)
+
+
 def test_cancelled_and_stopped_rows_emit_nothing_past_their_end(loaded):
     """A row cancelled mid-way got a prefix of its full output; max_tokens holds exactly."""
     name, model, tok = loaded

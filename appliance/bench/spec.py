@@ -122,6 +122,7 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
     from appliance.engine.compiled import CompiledDecode
     from appliance.engine.kv import Scheme
     from appliance.engine.sampling import make_sampler
+    from appliance.engine.speculate import WHOLE_BUFFER
     from appliance.engine.step import BatchStep
     from appliance.engine.types import SamplingParams
 
@@ -130,7 +131,8 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
     proposes = drafter is not None and drafter.method in ("model", "mtp")
     step = BatchStep(model, set(), rows, plan.batch.prefill_chunk, Scheme.from_plan(plan.kv),
                      drafter=drafter if proposes else None, control=control,
-                     compiled=CompiledDecode(model) if plan.batch.compile_step else None)
+                     compiled=CompiledDecode(model) if plan.batch.compile_step else None,
+                     compile_verify=WHOLE_BUFFER)
     sampler = make_sampler(SamplingParams(temperature=0.0))
     for p in _prompts(seed, rows, context, plan.model.vocab_size):
         step.insert([p], NEVER, sampler, params=SamplingParams())
@@ -148,7 +150,7 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
             drafts, qs = drafter.propose(d, pend, [k] * rows)
         else:
             drafts, qs = [[(p + 1) % plan.model.vocab_size] * k for p in pend], None
-        d.verify(step.model, pend, drafts, qs)
+        d.verify(step.model, pend, drafts, qs, compiled=step._verify_compiled)
         if proposes:
             drafter.settle(d)
         mx.eval(d.next_tokens)

@@ -95,9 +95,11 @@ class BatchStep:
 
     def __init__(self, model, stop_tokens: set[int], max_rows: int, prefill_chunk: int,
                  scheme: Scheme | None = None, prefill_rows: int = 1, drafter=None,
-                 control: Control | None = None, compiled: CompiledDecode | None = None):
+                 control: Control | None = None, compiled: CompiledDecode | None = None,
+                 compile_verify: bool = False):
         """`scheme`: the plan's KV scheme (native when None). `drafter`: proposes draft
-        tokens per row (None: no speculation); `control`: how many, and when."""
+        tokens per row (None: no speculation); `control`: how many, and when. `compiled`:
+        plain decode steps as a compiled graph; `compile_verify`: verify passes too."""
         self.model, self.stop_tokens = model, set(stop_tokens)
         self.max_rows, self.prefill_chunk, self.prefill_rows = max_rows, prefill_chunk, \
             prefill_rows
@@ -114,6 +116,8 @@ class BatchStep:
         if getattr(drafter, "needs_hidden", False):
             self.model = Tapped(model)  # the same arithmetic, keeping the hidden states
             self._compiled = None  # (the drafter reads them: the traced step has none)
+        self._verify_compiled = CompiledDecode(self.model) \
+            if compile_verify and drafter is not None else None
         self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
         self.spec_ticks = 0  # decode steps that verified proposals
         self._before: bool | None = None  # the last decode step: speculative, plain, or
@@ -327,7 +331,8 @@ class BatchStep:
         if not any(drafts) and not self.drafter.fed:
             self._asked = True  # a plain step, but after reading the pending tokens
             return None  # nothing proposed, nothing fed to a draft: a plain step
-        out = d.verify(self.model, pend, drafts, qs, width=ctl.k + 1 if WHOLE_BUFFER else 0)
+        out = d.verify(self.model, pend, drafts, qs, width=ctl.k + 1 if WHOLE_BUFFER else 0,
+                       compiled=self._verify_compiled)
         self.drafter.settle(d)
         mx.eval([c.state for c in d.layers + d.extra])  # its rollback too, in this step
         self.spec_ticks += 1

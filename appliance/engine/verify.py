@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from appliance.engine.compiled import compilable
 from appliance.engine.kv.native import FullLayout, RecurrentLayout, drop_tails, whole_buffers
 from appliance.engine.sampling import SeededSampler, distribution, row_key
 from appliance.engine.speculate import WHOLE_BUFFER, accept_deterministic, accept_sampled
@@ -27,19 +28,21 @@ class Verifying:
     params, logits-processor context and pending token, as that step does."""
 
     def verify(self, model, pend: list[int], drafts: list[list[int]], qs: list | None = None,
-               width: int = 0) -> list[tuple[list[int], list[mx.array]]]:
+               width: int = 0, compiled=None) -> list[tuple[list[int], list[mx.array]]]:
         """Feed every row its pending token and its drafts in one pass; keep, per row, the
         drafts its own samples confirm (`accept_deterministic`), or for a sampled row
         whose drafts came with the draft's distributions `qs[i]`, the ones speculative
         sampling keeps (`accept_sampled`). Returns per row the tokens now emitted (the
         pending one first) with their log-probabilities; the token sampled after them
         becomes the row's pending token. `width`: the least tokens per row the pass feeds
-        (padding), so a backend that compiles per shape sees one shape per batch size."""
+        (padding), so a backend that compiles per shape sees one shape per batch size.
+        `compiled`: a CompiledDecode that runs the pass where the layers allow it."""
         fed = [[p, *d] for p, d in zip(pend, drafts, strict=True)]
         recurrent = [c for c in self.layers if isinstance(c, RecurrentLayout)]
         for c in recurrent:
             c.checkpoint()
-        logits = self._forward(model, fed, finalize=False, width=width)  # _roll_back finalizes
+        logits = self._forward(model, fed, finalize=False, width=width,  # _roll_back finalizes
+                               compiled=compiled)
         self.last_hidden = getattr(model, "hidden", None)  # an MTP head drafts from them
         logprobs, samples = self._sample_all(logits, fed)
         out, kept, new_pend, new_lp = [], [], [], []
@@ -66,7 +69,7 @@ class Verifying:
         return out
 
     def _forward(self, model, rows: list[list[int]], finalize: bool = True,
-                 width: int = 0) -> mx.array:
+                 width: int = 0, compiled=None) -> mx.array:
         """One forward pass over each row's tokens (right-padded to the longest, or to
         `width`), with the padding rolled away afterwards (`finalize`) as a prefill chunk's
         is; quantized layers attend as that many decode steps would (`decode_like`).
@@ -75,6 +78,8 @@ class Verifying:
         width = max(*lengths, width)
         pad = [width - n for n in lengths]
         x = mx.array([r + [0] * p for r, p in zip(rows, pad, strict=True)])
+        if compiled is not None and not finalize and compilable(model, self.layers):
+            return compiled.forward(x, self.layers)  # (its padding stays for the rollback)
         decode_like = [c for c in self.layers if hasattr(c, "decode_like")]
         for c in decode_like:
             c.decode_like = True

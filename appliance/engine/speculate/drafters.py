@@ -145,8 +145,13 @@ class Tapped:
         self._h, self._out = hidden_states, logits_from_hidden
 
     def __call__(self, x, cache=None):
-        self.hidden = self._h(self.model, x, cache)
-        return self._out(self.model, self.hidden)
+        logits, self.hidden = self.tapped(x, cache)
+        return logits
+
+    def tapped(self, x, cache=None):
+        """(logits, hidden states), keeping nothing (a compiled pass returns both)."""
+        hidden = self._h(self.model, x, cache)
+        return self._out(self.model, hidden), hidden
 
     def __getattr__(self, name):  # layers, make_cache, ... as the model's
         return getattr(self.model, name)
