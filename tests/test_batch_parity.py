@@ -69,15 +69,21 @@ def test_compiled_step_matches_batch_generator(loaded, schedule):
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
 def test_cuda_shape_policy_matches_batch_generator(loaded, schedule, prefill_rows,
                                                    monkeypatch):
-    """On CUDA, decode steps and prefill passes attend over whole KV buffers (unwritten
-    slots masked) and prefill chunks are right-padded to a few widths (`prefill_width`),
-    so MLX's attention sees few shapes. The same arithmetic, run here, gives
+    """On CUDA, decode steps and prefill passes of several rows attend over whole KV
+    buffers (unwritten slots masked) and prefill chunks are right-padded to a few widths
+    (`prefill_width`), so MLX's attention sees few shapes; a lone row's prefill attends
+    with the fused kernel over its exact keys. The same arithmetic, run here, gives
     BatchGenerator's tokens (and the goldens' where they apply)."""
     from appliance.engine import rows as rows_mod
     from appliance.engine import step as step_mod
+    from appliance.engine.kv.native import FullLayout
 
     for mod in (rows_mod, step_mod):
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    masks = []
+    make_mask = FullLayout.make_mask
+    monkeypatch.setattr(FullLayout, "make_mask", lambda self, N, **kw: masks.append(
+        m := make_mask(self, N, **kw)) or m)
     name, model, tok = loaded
     sch = oracle.BATCH_SCHEDULES[schedule]
     prompts = oracle.batch_prompts(tok)
@@ -87,6 +93,9 @@ def test_cuda_shape_policy_matches_batch_generator(loaded, schedule, prefill_row
           rows)
     got = {r: c.tokens for r, c in rows.items()}
     assert got == oracle.run_batch_schedule(model, tok, sch, prefill_rows=prefill_rows)
+    # a lone prefilling row of full-attention layers takes the fused ("causal") kernel
+    fused = "causal" in [m for m in masks if isinstance(m, str)]
+    assert fused if name == "tiny" and prefill_rows == 1 else (fused <= (name == "tiny"))
     if prefill_rows == 1:
         assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
 

@@ -36,7 +36,11 @@ class FullLayout(BatchKVCache):
         self.values = mx.concatenate(
             [keep[1], mx.zeros((B, H, grow, self.values.shape[3]), self.values.dtype)], 2)
 
+    causal = False  # a lone row's pass over its exact keys: MLX's fused kernel (see `causal`)
+
     def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        if self.causal and N > 1:
+            return "causal"
         mask = super().make_mask(N, return_array=return_array, **kwargs)
         if self.whole_buffer and self.keys is not None:
             extra = self.keys.shape[2] - (self._idx + N)
@@ -211,6 +215,22 @@ class whole_buffers:
             quantized.dense_pass(self._was)
             for c in self.dense:
                 del c.bits, c.group_size
+
+
+class causal:
+    """`with causal(layers, on)`: full-attention layouts of one row with no left padding
+    hand attention the "causal" mask, which MLX fuses (step.BatchStep._fused_prefill)."""
+
+    def __init__(self, layers: list, on: bool):
+        self.layers = layers if on else []
+
+    def __enter__(self):
+        for c in self.layers:
+            c.causal = True
+
+    def __exit__(self, *exc):
+        for c in self.layers:
+            c.causal = False
 
 
 def roll_row_back(layout, i: int, n: int) -> None:
