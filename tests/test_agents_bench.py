@@ -162,11 +162,12 @@ def test_ctrl_c_stops_the_server(tmp_path, target):
     assert not glob.glob(str(tmp_path / "bench/*/ssd"))
 
 
-def test_a_warm_up_burst_sends_one_short_request_per_agent_before_the_timed_run(tmp_path):
-    """With warm-up on, one short untimed request per agent goes out together (the batch
-    sizes the run meets are compiled before it, for each contender alike); the engine's
-    own count of generated tokens shows it: EOS is banned, so every request runs to its
-    max_tokens."""
+def test_a_warm_up_burst_sends_one_first_turn_per_agent_before_the_timed_run(tmp_path):
+    """With warm-up on, one untimed request per agent, as long as a first turn, goes out
+    together (the full batch's long prefills and decode steps are compiled before the run,
+    for each contender alike); the engine's own counts show it: EOS is banned, so every
+    request runs to its max_tokens, and each burst request prefilled a whole system
+    prompt of its own."""
     from conftest import resolve_overrides
 
     from appliance.bench import run
@@ -174,6 +175,19 @@ def test_a_warm_up_burst_sends_one_short_request_per_agent_before_the_timed_run(
 
     overrides = [*CPU, "cache=ram"]
     cfg = {**TINY, "warmup": 1, "agents": 3, "turns": 1, "anchor": "none"}
-    doc = run(resolve_overrides(overrides), BenchConfig(**cfg), tmp_path, tuple(overrides))
+    plan = resolve_overrides(overrides)
+    doc = run(plan, BenchConfig(**cfg), tmp_path, tuple(overrides))
     assert (doc["summary"]["requests"], doc["summary"]["errors"]) == (3, 0)
     assert doc["engine"]["tokens_generated"] == 4 + 3 * BURST_TOKENS + 3 * 4
+    # each burst request missed the prefix cache (none primed another's, nor the run's
+    # system prompt): misses = warm-up + burst + the run's first agent
+    ram = doc["engine"]["cache"]["ram"]
+    assert (ram["misses"], ram["hits"]) == (1 + 3 + 1, 2)
+    from appliance.bench.agents import burst_messages, conversations
+    from appliance.bench.prompts import load_tokenizer, model_dir
+
+    tok = load_tokenizer(model_dir(plan))
+    conv = conversations(tok, BenchConfig(**cfg))
+    firsts = [burst_messages(conv, i)[0]["content"] for i in range(3)]
+    assert all(len(tok.encode(f)) >= TINY["system_tokens"] for f in firsts)  # a first turn's
+    assert len({f.splitlines()[0] for f in firsts}) == 3  # each opens with its own line

@@ -122,15 +122,24 @@ async def _agents(ep: Endpoint, conv: Conversations, cfg, advance):
 BURST_TOKENS = 8  # decode steps of the warm-up burst: enough to run each batch size once
 
 
+def burst_messages(conv: Conversations, i: int) -> list[dict]:
+    """Agent i's warm-up request: a first turn's length, sharing no prefix with the others'."""
+    return [{"role": "system", "content": f"Warm-up agent {i}.\n" + conv.warm_system},
+            {"role": "user", "content": conv.tasks[0]}]
+
+
 async def _burst(http: httpx.AsyncClient, path: str, ep: Endpoint, conv: Conversations,
                  cfg) -> None:
-    """Untimed: one short request per agent, all at once, so that the batch sizes the run
-    will meet are compiled before it. On a fresh H200 the first batch of 8+ rows of a 4-bit
-    8B model stalled ~36 s once (a one-off compile a second process did not pay); without
-    this the contender measured first paid it and the other did not."""
+    """Untimed: one request per agent, all at once, each as long as a first turn, so that
+    what the run will meet (a full batch prefilling long prompts, then decoding) is
+    compiled before it. On a fresh H200 the first such batch of a 4-bit 8B model stalled
+    36-45 s once (a one-off compile a second process did not pay; a burst of short prompts
+    did not cover it); without this the contender measured first paid it and the other did
+    not. Each system prompt opens with its own line, so no agent's burst request primes
+    another's prefix, nor the timed run's (`warm_system` shares nothing with `system`)."""
     async def one(i: int) -> RequestResult:
-        msgs = [{"role": "user", "content": f"Warm-up {i}. " + conv.tasks[0]}]
-        return await stream_request(http, path, messages_body(ep, msgs, BURST_TOKENS),
+        return await stream_request(http, path,
+                                    messages_body(ep, burst_messages(conv, i), BURST_TOKENS),
                                     RequestResult(-1, i, 0.0))
 
     for w in await asyncio.gather(*(one(i) for i in range(cfg.agents))):
