@@ -85,6 +85,16 @@ class Scripted:
                         for j, t in enumerate(full[at:at + k])])
         return out, None
 
+    def propose_ahead(self, batch, ks):
+        """The same, before the pending token is read: its guess comes first."""
+        out = []
+        for toks, k in zip(batch.tokens, ks, strict=True):
+            prompt, full = next((p, o) for p, o in self.rows if toks[:len(p)] == p)
+            at = len(toks) - len(prompt)  # the pending token's output position
+            out.append([t if (at + j) % 5 != 3 else (t + 1) % 4096
+                        for j, t in enumerate(full[at:at + k + 1])] if k else [])
+        return out
+
     def make_cache(self):
         return []
 
@@ -282,6 +292,45 @@ def test_compiled_verify_passes_are_token_exact(loaded, schedule, drafter, shape
     all_full = all(type(c).__name__ == "KVCache" for c in Scheme().make_cache(model))
     assert bool(passes) == all_full  # compiled where the layers allow it, and only there
     assert all(len(shape) == 2 and shape[1] > 1 for shape in passes)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+@pytest.mark.parametrize("drafter", ["lookup", "scripted"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_proposing_before_the_pending_token_is_read_is_token_exact(loaded, schedule, drafter,
+                                                                   cuda, monkeypatch):
+    """Right after a plain step (on CUDA: `step.AHEAD`) a drafter that can proposes from
+    the tokens before the pending one, whose value the verify pass takes from the device;
+    a row whose pending token differs from the proposal's guess keeps no drafts (the
+    scripted proposer guesses wrong one time in five). draft=none's tokens, also with
+    CUDA's shape policy and compiled verify passes (`cuda`)."""
+    from appliance.engine import rows, step, verify
+    from appliance.engine.speculate import drafters
+
+    name, model, tok = loaded
+    if drafter == "lookup" and name == "tiny-gemma3":
+        pytest.skip("this random-weight model never repeats an n-gram (see above)")
+    plain, _ = run(model, tok, schedule)
+    monkeypatch.setattr(step, "AHEAD", True)
+    if cuda:
+        for mod in (drafters, verify, step, rows):
+            monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    cls = LookupDrafter if drafter == "lookup" else Scripted
+    calls = []
+    ahead = cls.propose_ahead
+    monkeypatch.setattr(cls, "propose_ahead",
+                        lambda self, *a: calls.append(r := ahead(self, *a)) or r)
+    draft = lookup() if drafter == "lookup" else (
+        Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), Control(4, False))
+    spec, s = run(model, tok, schedule, draft, compile_verify=cuda)
+    for r in plain:
+        assert spec[r].tokens == plain[r].tokens, (name, schedule, r)
+        assert spec[r].finished.reason == plain[r].finished.reason
+    assert any(len(c) > 1 for cs in calls for c in cs)  # it proposed ahead
+    if drafter == "scripted":  # right four times in five: kept and rejected drafts both
+        done = spec.values()
+        assert sum(c.finished.accepted_prediction_tokens for c in done) > 0
+        assert sum(c.finished.rejected_prediction_tokens for c in done) > 0
 
 
 def test_cancelled_and_stopped_rows_emit_nothing_past_their_end(loaded):

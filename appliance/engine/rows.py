@@ -67,6 +67,7 @@ class _Decoding(_Batch, Verifying):
     def __init__(self):
         super().__init__()
         self.next_tokens: mx.array | None = None  # sampled, not yet read
+        self.known_pend: list[int] | None = None  # next_tokens as read (after a verify pass)
         self.next_logprobs: list[mx.array] = []
         self.context: list[TokenBuffer] = []  # token history for logits processors
         self.generated: list[int] = []
@@ -78,12 +79,15 @@ class _Decoding(_Batch, Verifying):
         elif other.next_tokens is not None:
             self.next_tokens = mx.concatenate([self.next_tokens, other.next_tokens])
         self.next_logprobs.extend(other.next_logprobs)
+        self.known_pend = None
         self.context.extend(other.context)
         self.generated.extend(other.generated)
 
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)
         self.next_tokens = self.next_tokens[mx.array(keep)] if keep else None
+        if self.known_pend is not None:
+            self.known_pend = [self.known_pend[i] for i in keep]
         self.next_logprobs = [self.next_logprobs[i] for i in keep]
         self.context = [self.context[i] for i in keep]
         self.generated = [self.generated[i] for i in keep]
@@ -119,6 +123,7 @@ class _Decoding(_Batch, Verifying):
             sampled = mx.concatenate([s(logprobs[e:e + 1])
                                       for e, s in enumerate(self.samplers)], axis=0)
         self.next_tokens, self.next_logprobs = sampled, list(logprobs)
+        self.known_pend = None
         mx.async_eval(self.next_tokens, self.next_logprobs, context)
         mx.eval(inputs, current_logprobs)
         toks = inputs.tolist()

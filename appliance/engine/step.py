@@ -41,6 +41,10 @@ from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
 
+# Propose before reading the pending tokens where reading them stalls a pipeline that pays:
+# a launch-bound device (CUDA) rather than a compute-bound CPU (docs/speculation.md).
+AHEAD = WHOLE_BUFFER
+
 
 def prefill_width(n: int) -> int:
     """The tokens per row a prefill pass of n feeds on CUDA (right-padded): a power of two
@@ -333,7 +337,12 @@ class BatchStep:
         rows = len(d)
         if not ctl.speculate(rows):
             return None
-        pend = d.next_tokens.tolist()
+        # Right after a plain step the pending tokens are still being computed: a drafter
+        # that can propose from the tokens before them does, so asking waits for nothing
+        ahead = AHEAD and d.known_pend is None and hasattr(self.drafter, "propose_ahead") \
+            and d.shared_sampling()
+        pend = None if ahead else (d.known_pend if d.known_pend is not None
+                                   else d.next_tokens.tolist())
         ks = []
         for i, uid in enumerate(d.uids):
             room = d.max_tokens[i] - d.generated[i] - 1  # the pending token is emitted too
@@ -341,15 +350,25 @@ class BatchStep:
             # token a step, as without a draft, whatever the (timed) control decides and
             # whichever rows run beside it, so its text is reproducible.
             seeded = isinstance(d.samplers[i], SeededSampler)
-            ks.append(0 if pend[i] in self.stop_tokens or room <= 0 or seeded
-                      else min(room, ctl.budget(uid)))
-        drafts, qs = self.drafter.propose(d, pend, ks)
-        ctl.found(rows, any(drafts))
-        if not any(drafts) and not self.drafter.fed:
-            self._asked = True  # a plain step, but after reading the pending tokens
-            return None  # nothing proposed, nothing fed to a draft: a plain step
+            stop = pend is not None and pend[i] in self.stop_tokens
+            ks.append(0 if stop or room <= 0 or seeded else min(room, ctl.budget(uid)))
+        guesses = None
+        if ahead:
+            conts = [c[:1] if c and c[0] in self.stop_tokens else c  # (nothing past a stop)
+                     for c in self.drafter.propose_ahead(d, ks)]
+            if not any(len(c) > 1 for c in conts):
+                return None  # nothing read, so nothing lost: a plain (pipelined) step
+            drafts, qs = [c[1:] for c in conts], None
+            guesses = [c[0] if c else None for c in conts]
+            ctl.found(rows, True)
+        else:
+            drafts, qs = self.drafter.propose(d, pend, ks)
+            ctl.found(rows, any(drafts))
+            if not any(drafts) and not self.drafter.fed:
+                self._asked = True  # a plain step, but after reading the pending tokens
+                return None  # nothing proposed, nothing fed to a draft: a plain step
         out = d.verify(self.model, pend, drafts, qs, width=ctl.k + 1 if WHOLE_BUFFER else 0,
-                       compiled=self._verify_compiled)
+                       compiled=self._verify_compiled, guesses=guesses)
         self.drafter.settle(d)
         mx.eval([c.state for c in d.layers + d.extra])  # its rollback too, in this step
         self.spec_ticks += 1

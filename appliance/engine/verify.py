@@ -27,8 +27,9 @@ class Verifying:
     decode step): it reads and advances the rows' layers, tokens, samplers, processors,
     params, logits-processor context and pending token, as that step does."""
 
-    def verify(self, model, pend: list[int], drafts: list[list[int]], qs: list | None = None,
-               width: int = 0, compiled=None) -> list[tuple[list[int], list[mx.array]]]:
+    def verify(self, model, pend: list[int] | None, drafts: list[list[int]],
+               qs: list | None = None, width: int = 0, compiled=None,
+               guesses: list | None = None) -> list[tuple[list[int], list[mx.array]]]:
         """Feed every row its pending token and its drafts in one pass; keep, per row, the
         drafts its own samples confirm (`accept_deterministic`), or for a sampled row
         whose drafts came with the draft's distributions `qs[i]`, the ones speculative
@@ -36,15 +37,26 @@ class Verifying:
         pending one first) with their log-probabilities; the token sampled after them
         becomes the row's pending token. `width`: the least tokens per row the pass feeds
         (padding), so a backend that compiles per shape sees one shape per batch size.
-        `compiled`: a CompiledDecode that runs the pass where the layers allow it."""
-        fed = [[p, *d] for p, d in zip(pend, drafts, strict=True)]
+        `compiled`: a CompiledDecode that runs the pass where the layers allow it.
+
+        `pend` None: the pending tokens are not read yet (a plain step's, still on the
+        device) and are fed from there, so proposing cost no wait for the device; each row's
+        drafts then assume its pending token is `guesses[i]`, and a row whose pending token
+        turns out otherwise keeps none of them (rows sampling alike, no processors)."""
+        ahead = pend is None
+        fed = [[0 if ahead else p, *d] for p, d in zip(pend or drafts, drafts, strict=True)]
         recurrent = [c for c in self.layers if isinstance(c, RecurrentLayout)]
         for c in recurrent:
             c.checkpoint()
         logits = self._forward(model, fed, finalize=False, width=width,  # _roll_back finalizes
-                               compiled=compiled)
+                               compiled=compiled, first=self.next_tokens if ahead else None)
         self.last_hidden = getattr(model, "hidden", None)  # an MTP head drafts from them
         logprobs, samples = self._sample_all(logits, fed)
+        if ahead:  # read now, with the pass's results
+            pend = self.next_tokens.tolist()
+            for f, p in zip(fed, pend, strict=True):
+                f[0] = p
+            drafts = [d if g == p else [] for d, g, p in zip(drafts, guesses, pend, strict=True)]
         out, kept, new_pend, new_lp = [], [], [], []
         for i, d in enumerate(drafts):
             q, params = (qs[i] if qs else None), self.params[i]
@@ -66,10 +78,11 @@ class Verifying:
             if self.processors[i]:
                 self.context[i].update_and_fetch(mx.array(toks))
         self.next_tokens, self.next_logprobs = mx.array(new_pend), new_lp
+        self.known_pend = new_pend
         return out
 
     def _forward(self, model, rows: list[list[int]], finalize: bool = True,
-                 width: int = 0, compiled=None) -> mx.array:
+                 width: int = 0, compiled=None, first: mx.array | None = None) -> mx.array:
         """One forward pass over each row's tokens (right-padded to the longest, or to
         `width`), with the padding rolled away afterwards (`finalize`) as a prefill chunk's
         is; quantized layers attend as that many decode steps would (`decode_like`).
@@ -78,6 +91,8 @@ class Verifying:
         width = max(*lengths, width)
         pad = [width - n for n in lengths]
         x = mx.array([r + [0] * p for r, p in zip(rows, pad, strict=True)])
+        if first is not None:  # each row's first token, from the device
+            x = mx.concatenate([first[:, None].astype(x.dtype), x[:, 1:]], axis=1)
         if compiled is not None and not finalize and compilable(model, self.layers):
             return compiled.forward(x, self.layers)  # (its padding stays for the rollback)
         decode_like = [c for c in self.layers if hasattr(c, "decode_like")]
@@ -97,11 +112,16 @@ class Verifying:
                 c.finalize()
         return logits
 
+    def shared_sampling(self) -> bool:
+        """Every row samples with one sampler, no logits processors, no per-row key (a
+        seeded row draws one key per token): one sampling call serves all positions."""
+        return not any(self.processors) and all(s is self.samplers[0] for s in self.samplers) \
+            and not isinstance(self.samplers[0], SeededSampler)
+
     def _sample_all(self, logits: mx.array, fed: list[list[int]]):
         """Per row, log-probabilities [n_i, V] at each fed position (logits processors
         applied with the history up to that position) and each position's sample."""
-        if not any(self.processors) and all(s is self.samplers[0] for s in self.samplers) \
-                and not isinstance(self.samplers[0], SeededSampler):  # (one key per token)
+        if self.shared_sampling():
             lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             B, L, V = lp.shape
             sampled = self.samplers[0](lp.reshape(B * L, V)).reshape(B, L)

@@ -26,6 +26,13 @@ class LookupDrafter:
         return [self._one(uid, [*toks, p], k) if k > 0 else [] for uid, toks, p, k in
                 zip(batch.uids, batch.tokens, pend, ks, strict=True)], None
 
+    def propose_ahead(self, batch, ks: list[int]) -> list[list[int]]:
+        """Per row, up to ks[i] + 1 tokens following its latest n-gram that ends at its last
+        token in KV, before its pending token is read: the first guesses the pending token
+        (step.BatchStep: asking then costs no wait for the device)."""
+        return [self._one(uid, list(toks), k + 1) if k > 0 else [] for uid, toks, k in
+                zip(batch.uids, batch.tokens, ks, strict=True)]
+
     def settle(self, batch) -> None:
         pass
 
