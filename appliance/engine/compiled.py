@@ -21,7 +21,8 @@ Sampling and logits processors stay outside: they differ per row and are cheap.
 
 Plain decode steps are compiled only on request (`batch.compile_step`): on an H200 it
 measured 1.16x at B=1 but 0.85x / 0.72x at B=8 / 32, the dynamic slice update copying the
-buffer there (docs/benchmarks.md). Verify passes: see `BatchStep` for when.
+buffer there (docs/benchmarks.md). Verify passes are compiled on CUDA
+(`ContinuousScheduler`'s `compile_verify`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _on_grid(c: FullLayout, n: int) -> None:
 
 
 class CompiledDecode:
-    """`step(tokens, layers)` -> logits [B, V]: one decode step; `forward(tokens, layers)`
+    """`compiled(tokens, layers)` -> logits [B, V]: one decode step; `forward(tokens, layers)`
     -> logits [B, n, V]: n tokens per row (a verify pass, right-padded). Both over `layers`
     (FullLayouts), which advance as the uncompiled pass would advance them."""
 
