@@ -171,14 +171,14 @@ def test_a_warm_up_burst_sends_one_first_turn_per_agent_before_the_timed_run(tmp
     from conftest import resolve_overrides
 
     from appliance.bench import run
-    from appliance.bench.agents import BURST_TOKENS
+    from appliance.bench.agents import burst_tokens
 
     overrides = [*CPU, "cache=ram"]
     cfg = {**TINY, "warmup": 1, "agents": 3, "turns": 1, "anchor": "none"}
     plan = resolve_overrides(overrides)
     doc = run(plan, BenchConfig(**cfg), tmp_path, tuple(overrides))
     assert (doc["summary"]["requests"], doc["summary"]["errors"]) == (3, 0)
-    assert doc["engine"]["tokens_generated"] == 4 + 3 * BURST_TOKENS + 3 * 4
+    assert doc["engine"]["tokens_generated"] == 4 + 3 * burst_tokens(3) + 3 * 4
     # each burst request missed the prefix cache (none primed another's, nor the run's
     # system prompt): misses = warm-up + burst + the run's first agent
     ram = doc["engine"]["cache"]["ram"]

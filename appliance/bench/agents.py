@@ -119,7 +119,12 @@ async def _agents(ep: Endpoint, conv: Conversations, cfg, advance):
     return [r for rs in per_agent for r in rs], admitted, t0, abandoned, engine
 
 
-BURST_TOKENS = 8  # decode steps of the warm-up burst: enough to run each batch size once
+def burst_tokens(agents: int) -> int:
+    """Decode steps of a warm-up burst request: its row keeps decoding while the other
+    agents' requests prefill (a chunk, ~a step, each) and join, so the batch reaches its
+    full size; 8 tokens did not (rows left before the last joined), and the first timed
+    batch of 8+ rows then paid the compile."""
+    return 8 + 2 * agents
 
 
 def burst_messages(conv: Conversations, i: int) -> list[dict]:
@@ -139,7 +144,8 @@ async def _burst(http: httpx.AsyncClient, path: str, ep: Endpoint, conv: Convers
     another's prefix, nor the timed run's (`warm_system` shares nothing with `system`)."""
     async def one(i: int) -> RequestResult:
         return await stream_request(http, path,
-                                    messages_body(ep, burst_messages(conv, i), BURST_TOKENS),
+                                    messages_body(ep, burst_messages(conv, i),
+                                                  burst_tokens(cfg.agents)),
                                     RequestResult(-1, i, 0.0))
 
     for w in await asyncio.gather(*(one(i) for i in range(cfg.agents))):
