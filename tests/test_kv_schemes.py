@@ -143,18 +143,30 @@ def test_rows_below_kv_start_in_a_batch_equal_native(tiny, schedule, monkeypatch
     assert encoded and not any(encoded)
 
 
+@pytest.mark.parametrize("layers", ["some", "all"])
 @pytest.mark.parametrize("name", list(CODECS))
-def test_cuda_shape_policy_gives_the_same_tokens(tiny, name, monkeypatch):
-    """On CUDA, prefill chunks are right-padded to a few widths and native layers attend
-    over whole buffers (engine/step.py `prefill_width`); quantized rows keep their tokens."""
+def test_cuda_shape_policy_gives_the_same_tokens(tiny, name, layers, monkeypatch):
+    """On CUDA, prefill chunks of rows prefilled together are right-padded to a few widths
+    and native layers attend over whole buffers (engine/step.py `prefill_width`), and a
+    lone row's prefill takes the fused ("causal") kernel, encoded layers' too (their
+    prefill attends over float keys); quantized rows keep their tokens."""
     from appliance.engine import rows as rows_mod
     from appliance.engine import step as step_mod
+    from appliance.engine.kv.native import FullLayout
+    from appliance.engine.kv.quantized import QuantLayout
 
     model, tok, prompts = tiny
-    plain = _run(model, tok, prompts, "dynamic", Scheme(CODECS[name](), (2, 3)))
+    which = (2, 3) if layers == "some" else ALL_LAYERS
+    plain = _run(model, tok, prompts, "dynamic", Scheme(CODECS[name](), which))
     for mod in (rows_mod, step_mod):
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
-    assert _run(model, tok, prompts, "dynamic", Scheme(CODECS[name](), (2, 3))) == plain
+    masks = []  # the model builds one mask, from its first layer's layout
+    first = FullLayout if layers == "some" else QuantLayout
+    make_mask = first.make_mask
+    monkeypatch.setattr(first, "make_mask", lambda self, N, **kw: masks.append(
+        m := make_mask(self, N, **kw)) or m)
+    assert _run(model, tok, prompts, "dynamic", Scheme(CODECS[name](), which)) == plain
+    assert "causal" in [m for m in masks if isinstance(m, str)]
 
 
 @pytest.mark.parametrize("name", list(CODECS))

@@ -75,6 +75,8 @@ class Shape:
     act_bytes: int  # bytes per activation element (the compute dtype)
     trained: int | None  # max_position_embeddings
     layers: int = 1  # decoder layers
+    fused_prefill: bool = True  # on CUDA a lone row's prefill attends fused (every layer
+    #                             full attention, KV not split by kv.start: engine/step.py)
 
 
 @dataclass(frozen=True)
@@ -136,15 +138,16 @@ def activations(s: Shape, chunk: int, rows: int, prefill_rows: int, context: int
                 backend: str, whole_pass: bool = True) -> int:
     """Peak transient bytes of one step: a prefill chunk's layer activations (residual, the
     normed input, q/k/v, the MLP's gate, up and product), plus, where MLX's attention is
-    not fused (CPU; CUDA for rows prefilled together, which need an array mask), the
-    chunk's score and softmax matrices against `context` keys; and the decode step's
+    not fused (CPU; CUDA for rows prefilled together, which need an array mask, and for
+    models whose layers are not all full attention), the chunk's score and softmax
+    matrices against `context` keys; and the decode step's
     logits (float32 logits, log-probabilities, sampling) for `rows`. On CUDA a pass's
     temporaries live until the pass completes (`whole_pass`: every layer's at once):
     measured on an H200, a 2048-token chunk of the 16-layer 1B shape peaked at 1.1-2.0 GiB
     against 0.13 GiB for one layer's (not measured on Metal: counted per layer there)."""
     per_token = 3 * s.hidden + 2 * s.heads * (s.hidden // max(1, s.heads)) + 3 * s.intermediate
     prefill = prefill_rows * chunk * per_token * s.act_bytes
-    if backend == "cpu" or (backend == "cuda" and prefill_rows > 1):
+    if backend == "cpu" or (backend == "cuda" and (prefill_rows > 1 or not s.fused_prefill)):
         prefill += 2 * prefill_rows * s.heads * chunk * (context + chunk) * s.act_bytes
     if backend == "cuda" and whole_pass:
         prefill *= max(1, s.layers)

@@ -299,7 +299,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                   intermediate=int(cfg_dict.get("intermediate_size") or
                                    4 * (info.hidden_size or 0)),
                   heads=heads, vocab=info.vocab_size, act_bytes=COMPUTE_BYTES.get(dtype, 4),
-                  trained=trained, layers=len(info.layer_kinds))
+                  trained=trained, layers=len(info.layer_kinds),
+                  fused_prefill=set(info.layer_kinds) <= {"full"}
+                  and not (kv.quantized_layers and kv.start > 0))
     d = derive(facts, shape, Workload(srv.clients, srv.typical_context),
                max_rows=rows_set, prefill_chunk=chunk_set, max_context=ctx_set,
                trained_context=srv.max_context is None, kv_budget=kv_budget,

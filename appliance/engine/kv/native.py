@@ -218,8 +218,9 @@ class whole_buffers:
 
 
 class causal:
-    """`with causal(layers, on)`: full-attention layouts of one row with no left padding
-    hand attention the "causal" mask, which MLX fuses (step.BatchStep._fused_prefill)."""
+    """`with causal(layers, on)`: full-attention layouts (native or encoded) of one row with
+    no left padding hand attention the "causal" mask, which MLX fuses
+    (step.BatchStep._fused_prefill)."""
 
     def __init__(self, layers: list, on: bool):
         self.layers = layers if on else []

@@ -226,9 +226,16 @@ class QuantRowCache(_Stored, QuantizedKVCache):
 class QuantLayout(_Stored, BatchKVCache):
     """Many rows' encoded KV, left-padded to one write cursor (`_idx`); `offset` per row."""
 
+    causal = False  # a lone row's prefill: the "causal" mask MLX fuses (native.causal)
+
     def __init__(self, left_padding: list[int], codec, reference: bool = False):
         super().__init__(left_padding)
         self.codec, self.reference = codec, reference
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        if self.causal and N > 1:  # (prefill attends over float keys of exact length)
+            return "causal"
+        return super().make_mask(N, return_array=return_array, **kwargs)
 
     def update_and_fetch(self, keys, values):
         prev = self._idx
