@@ -36,8 +36,7 @@ from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
-from appliance.engine.kv.native import FullLayout, causal, whole_buffers
-from appliance.engine.kv.quantized import QuantLayout
+from appliance.engine.kv.native import causal, fusable, whole_buffers
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
@@ -221,7 +220,7 @@ class BatchStep:
         for row, c in zip(self._prefill.tokens, chunks, strict=True):
             row += c
         lengths = [len(c) for c in chunks]
-        fused = self._fused_prefill()
+        fused = WHOLE_BUFFER and fusable(self._prefill.layers, len(self._prefill))
         width = prefill_width(max(lengths)) if WHOLE_BUFFER and not fused else max(lengths)
         pad = [width - n for n in lengths]
         if max(pad) > 0:
@@ -247,24 +246,6 @@ class BatchStep:
             # device and empties MLX's buffer pool, which the next steps then refill.
             # MLX's cache limit (the plan's buffer_cache_bytes) bounds the pool meanwhile.
             mx.clear_cache()
-
-    def _fused_prefill(self) -> bool:
-        """On CUDA, a lone prefilling row of full-attention layers (native or encoded: an
-        encoded layer's prefill attends over float keys) attends with MLX's fused
-        kernel (a "causal" mask over its exact keys), not over whole buffers with an array
-        mask, which MLX's CUDA backend runs unfused: score matrices of chunk x keys per
-        head. Measured on an H200 (1B shape, 2048-token chunks, warm): 17-23 ms and
-        1.1-1.9 GiB a chunk fused against 49-203 ms and 9-25 GiB unfused as the context
-        grew to 16k. The fused kernel builds a cuDNN graph per (chunk, keys) shape (~50 ms
-        the first time), which whole buffers avoided; the unfused pass paid ~70-90 ms for
-        its own new shapes too. Rows prefilled together need their padding masked: they
-        keep the array mask; so do sliding-window and recurrent layers. The plan counts the
-        unfused passes' score matrices (plan/derive.py: activations)."""
-        layers = self._prefill.layers
-        return (WHOLE_BUFFER and len(self._prefill) == 1 and bool(layers)
-                and all(type(c) in (FullLayout, QuantLayout)
-                        and getattr(c, "_holes", None) is None for c in layers)
-                and not int(layers[0].left_padding[0].item()))
 
     def _start_decoding(self, ready: list[int]) -> None:
         """Rows whose prompt is down to its last token: feed it, then join the running rows."""

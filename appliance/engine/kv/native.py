@@ -217,10 +217,29 @@ class whole_buffers:
                 del c.bits, c.group_size
 
 
+def fusable(layers: list, rows: int) -> bool:
+    """Whether a prefill pass over `layers` may take MLX's fused attention (`causal`): one
+    row, every layout one that can hand out the "causal" mask (full attention, native or
+    encoded: an encoded layer's prefill attends over float keys), no holes, no left
+    padding.
+
+    Why (on CUDA, where BatchStep asks): an array mask, which rows prefilled together need
+    for their padding, runs MLX's CUDA attention unfused, with score matrices of chunk x
+    keys per head. Measured on an H200 (1B shape, 2048-token chunks, warm): 17-23 ms and
+    1.1-1.9 GiB a chunk fused against 49-203 ms and 9-25 GiB unfused as the context grew
+    to 16k. The fused kernel builds a cuDNN graph per (chunk, keys) shape (~50 ms the first
+    time), which whole buffers avoided; the unfused pass paid ~70-90 ms for its own new
+    shapes too. Sliding-window and recurrent layers keep the array mask; the plan counts
+    the unfused passes' score matrices (plan/derive.py: activations)."""
+    return (rows == 1 and bool(layers)
+            and all(getattr(c, "causal", None) is False and getattr(c, "_holes", None) is None
+                    for c in layers)
+            and not int(layers[0].left_padding[0].item()))
+
+
 class causal:
-    """`with causal(layers, on)`: full-attention layouts (native or encoded) of one row with
-    no left padding hand attention the "causal" mask, which MLX fuses
-    (step.BatchStep._fused_prefill)."""
+    """`with causal(layers, on)`: the layouts of a `fusable` pass hand attention the
+    "causal" mask, which MLX fuses."""
 
     def __init__(self, layers: list, on: bool):
         self.layers = layers if on else []
