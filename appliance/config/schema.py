@@ -113,6 +113,9 @@ class ServerConfig:
     default_top_p: float = 1.0
     log_level: str = "info"
     drain_seconds: float = 10.0  # on SIGTERM: in-flight requests' time to finish, then an error
+    # a burst of the batch's shapes before serving (GPU kernels are built on first use);
+    # auto: on for GPU backends, off on CPU
+    warmup: bool | str = "auto"
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from appliance.engine.budget import Budget, KVShape
 from appliance.engine.engine import Engine
 from appliance.plan import ExecutionPlan
@@ -18,6 +20,20 @@ def _recurrent_bytes(model) -> int:
     model(mx.array([[0]]), cache=cache)
     mx.eval([c.state for c in cache])
     return sum(c.nbytes for c in cache if isinstance(c, ArraysCache))
+
+
+def _prefix(plan: ExecutionPlan):
+    """The plan's prefix cache (RAM tier, SSD tier), or None for cache=none."""
+    from appliance.engine.prefix_cache import PrefixCache, RamTier
+    from appliance.engine.ssd_tier import SsdTier
+
+    c = plan.cache
+    if c.kind == "none":
+        return None
+    return PrefixCache(
+        ram=RamTier(c.ram_bytes) if c.kind in ("ram", "tiered") else None,
+        ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint)
+        if c.kind in ("ssd", "tiered") else None)
 
 
 def make_drafter(draft, model, dtype: str, chunk: int, model_dir: str | None = None):
@@ -62,28 +78,35 @@ def build_engine(plan: ExecutionPlan) -> Engine:
 
         budget.shape = KVShape(**{**budget.shape.__dict__, "recurrent": _recurrent_bytes(model)})
         scheme = Scheme.from_plan(plan.kv)
+        ctl = None  # (serial: no draft)
         if b.mode == "serial":
             from appliance.engine.serial import SerialScheduler
 
-            return SerialScheduler(model, eos_ids, b.prefill_chunk, scheme)
-        from appliance.engine.continuous import ContinuousScheduler
-        from appliance.engine.prefix_cache import PrefixCache, RamTier
-        from appliance.engine.ssd_tier import SsdTier
+            def new(cached: bool, control):
+                return SerialScheduler(model, eos_ids, b.prefill_chunk, scheme)
+        else:
+            from appliance.engine.continuous import ContinuousScheduler
 
-        c = plan.cache
-        prefix = None
-        if c.kind != "none":
-            prefix = PrefixCache(
-                ram=RamTier(c.ram_bytes) if c.kind in ("ram", "tiered") else None,
-                ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint)
-                if c.kind in ("ssd", "tiered") else None)
-        drafter, control = make_drafter(plan.draft, model, m.dtype, b.prefill_chunk,
+            drafter, ctl = make_drafter(plan.draft, model, m.dtype, b.prefill_chunk,
                                         model_dir=load.path)
-        return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget,
-                                   prefix=prefix, ceiling=plan.memory.kv_and_cache_bytes,
-                                   scheme=scheme, prefill_rows=b.prefill_rows,
-                                   drafter=drafter, control=control,
-                                   compile_step=b.compile_step)
+
+            def new(cached: bool, control):
+                return ContinuousScheduler(model, eos_ids, b.max_rows, b.prefill_chunk, budget,
+                                           prefix=_prefix(plan) if cached else None,
+                                           ceiling=plan.memory.kv_and_cache_bytes,
+                                           scheme=scheme, prefill_rows=b.prefill_rows,
+                                           drafter=drafter, control=control,
+                                           compile_step=b.compile_step)
+        warmed = 0.0
+        if plan.server.warmup:  # a throwaway scheduler: no cache entries, no counters
+            from appliance.engine.warmup import burst, warm_up
+
+            rows = b.max_rows if b.mode == "continuous" else 1
+            warmed = warm_up(new(False, copy.deepcopy(ctl)),
+                             burst(rows, b.prefill_chunk, m.vocab_size, eos_ids))
+        s = new(True, ctl)
+        s.counters.warmup_seconds = warmed
+        return s
 
     mem = plan.memory  # MLX's limits come from the plan's one account (docs/memory.md)
     return Engine(load, make_scheduler, mode=b.mode, max_rows=b.max_rows,

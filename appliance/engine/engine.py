@@ -159,6 +159,7 @@ class Engine:
             "tokens_generated": c.tokens_generated,
             "prefill_seconds": round(c.prefill_seconds, 6),
             "decode_seconds": round(c.decode_seconds, 6),
+            "warmup_seconds": round(c.warmup_seconds, 3),
             "cache": self._cache_stats(),
             "speculation": self._draft_stats(c),
             "memory": {**memory.report(), "cache_limit_bytes": self.cache_limit,

@@ -40,6 +40,7 @@ class Counters:
     draft_method: str | None = None  # speculative decoding: lookup | model | mtp
     draft_proposed: int = 0  # draft tokens proposed by rows that finished
     draft_accepted: int = 0
+    warmup_seconds: float = 0.0  # the start-up burst before serving (server.warmup)
 
 
 class Scheduler(Protocol):

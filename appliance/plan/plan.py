@@ -80,6 +80,7 @@ class ServerPlan:
     drain_seconds: float = 10.0  # on SIGTERM: time for in-flight requests, then they end
     clients: int = 8  # the workload the auto knobs were sized for: concurrent clients ...
     typical_context: int = 4096  # ... of this many tokens each
+    warmup: bool = False  # a burst of the batch's shapes before serving (engine/warmup.py)
 
 
 @dataclass(frozen=True)

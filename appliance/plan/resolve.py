@@ -210,6 +210,8 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         problems.append(f"server.default_max_tokens={srv.default_max_tokens} must be >= 1")
     if not 0 <= srv.drain_seconds <= 3600:
         problems.append(f"server.drain_seconds={srv.drain_seconds} must be in 0..3600")
+    if srv.warmup not in ("auto", True, False):
+        problems.append(f"server.warmup={srv.warmup!r}; valid choices: auto, true, false")
     ctx_set = None if srv.max_context is None else _auto_int(problems, "server.max_context",
                                                               srv.max_context)
     if ctx_set is not None and ctx_set < 2:
@@ -313,6 +315,15 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
             else "cache=ram: prompts sharing a prefix (system prompt, earlier turns) reuse its "
                  "KV; SSD stays opt-in (cache=tiered)")
     derived_why.update(d.reasons)
+    warmup = srv.warmup is True
+    if srv.warmup == "auto":
+        warmup = here.backend != "cpu"
+        derived_why["server.warmup"] = (
+            f"warmup={str(warmup).lower()}: " + (
+                "a GPU builds kernels the first time it meets a shape; a burst of the batch's "
+                "shapes before serving keeps that out of the first clients' time (a fresh "
+                "H200 stalled them ~45 s)" if warmup else
+                "no first-shape stall was measured on CPU; serving starts at once"))
     if compile_step:
         uncompiled = [why for bad, why in (
             (b.mode != "continuous", "batch=serial decodes unbatched"),
@@ -371,7 +382,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                         default_temperature=srv.default_temperature,
                         default_top_p=srv.default_top_p, log_level=srv.log_level,
                         drain_seconds=float(srv.drain_seconds), clients=srv.clients,
-                        typical_context=srv.typical_context)
+                        typical_context=srv.typical_context, warmup=warmup)
     kinds = dict.fromkeys(info.layer_kinds)
     unbatchable = [k for k in kinds if k not in PLACEMENT]
     if b.mode == "continuous" and unbatchable:

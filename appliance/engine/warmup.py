@@ -1,0 +1,59 @@
+"""The start-up burst (`server.warmup`): a fleet's first busy minute, before /health says ok.
+
+A GPU backend builds kernels the first time it meets a shape. On a fresh H200 the first
+batch past 7 rows of an 8B 4-bit model stalled every agent's first turn ~45 s (the same
+command again: no stall; docs/benchmarks.md, 8th and 9th sessions). So the server runs, once,
+what such a minute runs: every row of the batch at once, one prompt a full prefill chunk
+long, all rows decoding together (every batch size from 1 up as they join), through a
+throwaway scheduler of the plan's own kind: no prefix cache entries, no counters touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from appliance.engine.types import Finished, GenerationRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class _Row:
+    """A submitter that keeps only how its request ended."""
+
+    def __init__(self, request: GenerationRequest, rid: int):
+        self.request, self.id, self.cancelled, self.finished = request, rid, False, None
+
+    def deliver(self, event) -> None:
+        if isinstance(event, Finished):
+            self.finished = event
+
+
+def burst(rows: int, chunk: int, vocab: int, eos_ids: set[int]) -> list[GenerationRequest]:
+    """`rows` requests arriving together: the first one a prefill chunk long, the others
+    short; each decodes until the last has joined (EOS banned so none leaves early)."""
+    never_eos = SamplingParams(logit_bias={t: -100.0 for t in eos_ids if t < vocab})
+    usable = [t for t in range(3, vocab) if t not in eos_ids]  # (low ids: specials)
+    out = []
+    for r in range(rows):
+        n = chunk if r == 0 else 16
+        out.append(GenerationRequest([usable[(r * 131 + j * 7) % len(usable)] for j in range(n)],
+                                     8 + 2 * rows, never_eos))
+    return out
+
+
+def warm_up(scheduler, requests: list[GenerationRequest]) -> float:
+    """Drive `requests` through `scheduler` to the end; the seconds it took. A row that
+    fails fails the start-up: the same pass would fail the first client."""
+    t0 = time.perf_counter()
+    rows = [_Row(r, -1 - i) for i, r in enumerate(requests)]
+    for r in rows:
+        scheduler.add(r)
+    while scheduler.has_work():
+        scheduler.step()
+    bad = [r.finished.error for r in rows if r.finished is None or r.finished.error]
+    if bad:
+        raise RuntimeError(f"the start-up warm-up failed: {bad[0]}")
+    seconds = time.perf_counter() - t0
+    log.info("warm-up: %d rows, %.1f s", len(rows), seconds)
+    return seconds

@@ -1,0 +1,64 @@
+"""server.warmup: a burst of the batch's shapes before serving, on GPU backends by default.
+It leaves nothing behind: no prefix-cache entries, no counters, the same tokens after."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+from conftest import golden_cases, resolve_overrides, run_engine
+
+from appliance.engine import build_engine
+from appliance.engine.types import GenerationRequest, SamplingParams
+from appliance.engine.warmup import burst
+from appliance.plan import PlanError
+
+
+def test_auto_warms_gpu_backends_only(monkeypatch):
+    resolve_mod = importlib.import_module("appliance.plan.resolve")
+    plan = resolve_overrides([])
+    if plan.machine.backend == "cpu":
+        assert plan.server.warmup is False
+        assert "warmup=false" in plan.derived["server.warmup"]
+    here = resolve_mod.detect()
+    monkeypatch.setattr(resolve_mod, "detect", lambda: dataclasses.replace(here, backend="cuda"))
+    gpu = resolve_overrides([])
+    assert gpu.server.warmup is True and "first time" in gpu.derived["server.warmup"]
+    assert resolve_overrides(["server.warmup=false"]).server.warmup is False
+    assert "server.warmup" not in resolve_overrides(["server.warmup=false"]).derived
+
+
+def test_a_bad_value_names_the_choices():
+    with pytest.raises(PlanError, match="server.warmup='soon'; valid choices: auto, true, false"):
+        resolve_overrides(["server.warmup=soon"])
+
+
+def test_the_burst_fills_the_batch_with_one_full_chunk():
+    reqs = burst(8, 512, 4096, {0, 2})
+    assert [len(r.prompt) for r in reqs] == [512] + [16] * 7
+    assert all(r.max_tokens == 8 + 2 * 8 for r in reqs)  # all 8 rows decode together
+    assert not {0, 1, 2} & {t for r in reqs for t in r.prompt}
+    assert reqs[0].sampling.logit_bias == {0: -100.0, 2: -100.0}
+
+
+@pytest.mark.parametrize("overrides", [
+    ["cache=ram", "draft=lookup", "batch.max_rows=4"],
+    ["batch=serial"],  # (bfloat16: the goldens' dtype)
+])
+def test_a_warmed_engine_starts_clean_and_gives_the_goldens(overrides):
+    plan = resolve_overrides(["server.warmup=true", "model.dtype=bfloat16", *overrides])
+    engine = build_engine(plan)
+    try:
+        stats = engine.stats()
+        assert stats["warmup_seconds"] > 0
+        assert stats["tokens_generated"] == 0 and stats["finished_rows"] == 0
+        assert stats["kv_reserved_bytes"] in (0, None)
+        assert stats["cache"].get("ram", {}).get("entries", 0) == 0
+        for name in ("def-greedy", "docstring-temp"):
+            case = golden_cases()[name]
+            toks, _ = run_engine(engine, GenerationRequest(
+                case["prompt_ids"], case["max_tokens"], SamplingParams(**case.get("sampling", {}))))
+            assert toks == case["tokens"]
+    finally:
+        engine.stop()
