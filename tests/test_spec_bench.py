@@ -36,12 +36,20 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
             assert len(c[name]["runs_tok_s"]) == 2 and c[name]["tok_s"] == max(
                 c[name]["runs_tok_s"])
             assert c[name]["tokens"] == c["none"]["tokens"]  # the same work (EOS banned)
+            # while all B rows decode: a part of the same tokens, in a part of the time
+            assert c[name]["full_tokens"] <= c[name]["tokens"]
+            assert c[name]["full_s"] <= c[name]["decode_s"]
+            if c["rows"] == 1:  # one row: every token after its first is in that window
+                assert c[name]["full_tokens"] == c[name]["tokens"]
+            assert c[name]["full_tok_s"] == max(c[name]["runs_full_tok_s"])
         assert c["none"]["accepted"] == c["none"]["rejected"] == 0
         assert c["ratio"] == round(c["lookup"]["tok_s"] / c["none"]["tok_s"], 3)
+        assert c["full_ratio"] == round(c["lookup"]["full_tok_s"] / c["none"]["full_tok_s"], 3)
     # per cell: a warm-up each, then the runs alternate (drift on the machine meets both)
     assert order == ["none", "draft"] * (1 + 2) * 4
     assert [v["rows"] for v in r["verify_cost"]] == [1, 2]
     assert all([x["k"] for x in v["verify"]] == [1, 2, 3] for v in r["verify_cost"])
     text = spec_text(doc)
     assert "draft=lookup (k=3) against draft=none" in text and "verify cost at B=2" in text
+    assert "all-B ratio" in text
     assert json.loads((tmp_path / "bench.json").read_text())["result"] == r
