@@ -35,11 +35,14 @@ def test_a_bad_value_names_the_choices():
 
 
 def test_the_burst_fills_the_batch_with_one_full_chunk():
-    reqs = burst(8, 512, 4096, {0, 2})
+    reqs = burst(8, 512, 4096, {0, 2}, 4096)
     assert [len(r.prompt) for r in reqs] == [512] + [16] * 7
     assert all(r.max_tokens == 8 + 2 * 8 for r in reqs)  # all 8 rows decode together
     assert not {0, 1, 2} & {t for r in reqs for t in r.prompt}
     assert reqs[0].sampling.logit_bias == {0: -100.0, 2: -100.0}
+    # a context limit below a chunk: every row still fits it
+    assert [len(r.prompt) + r.max_tokens for r in burst(8, 512, 4096, {0, 2}, 100)] == \
+        [100] + [16 + 24] * 7
 
 
 @pytest.mark.parametrize("overrides", [

@@ -103,7 +103,8 @@ def build_engine(plan: ExecutionPlan) -> Engine:
 
             rows = b.max_rows if b.mode == "continuous" else 1
             warmed = warm_up(new(False, copy.deepcopy(ctl)),
-                             burst(rows, b.prefill_chunk, m.vocab_size, eos_ids))
+                             burst(rows, b.prefill_chunk, m.vocab_size, eos_ids,
+                                   plan.server.max_context))
         s = new(True, ctl)
         s.counters.warmup_seconds = warmed
         return s

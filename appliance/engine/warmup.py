@@ -29,16 +29,19 @@ class _Row:
             self.finished = event
 
 
-def burst(rows: int, chunk: int, vocab: int, eos_ids: set[int]) -> list[GenerationRequest]:
-    """`rows` requests arriving together: the first one a prefill chunk long, the others
-    short; each decodes until the last has joined (EOS banned so none leaves early)."""
+def burst(rows: int, chunk: int, vocab: int, eos_ids: set[int],
+          max_context: int) -> list[GenerationRequest]:
+    """`rows` requests arriving together: the first one a prefill chunk long (within the
+    context limit, which the KV budget always holds for one row), the others short; each
+    decodes until the last has joined (EOS banned so none leaves early)."""
+    decode = 8 + 2 * rows
     never_eos = SamplingParams(logit_bias={t: -100.0 for t in eos_ids if t < vocab})
     usable = [t for t in range(3, vocab) if t not in eos_ids]  # (low ids: specials)
     out = []
     for r in range(rows):
-        n = chunk if r == 0 else 16
+        n = max(1, min(chunk if r == 0 else 16, max_context - decode))
         out.append(GenerationRequest([usable[(r * 131 + j * 7) % len(usable)] for j in range(n)],
-                                     8 + 2 * rows, never_eos))
+                                     decode, never_eos))
     return out
 
 
