@@ -39,12 +39,24 @@ def run(s):
     steps = []
     while s.has_work():
         t, n = time.perf_counter(), s._batch.spec_ticks
+        before = sum(r.n for r in rows)
         s.step()
+        emitted = sum(r.n for r in rows) - before
         full = all(r.first is not None for r in rows) and all(r.finished is None for r in rows)
         holes = [c for c in s._batch._decode.layers if getattr(c, "_holes", None) is not None]
         width = s._batch._decode.layers[0]._idx if len(s._batch._decode) else 0
-        steps.append((full, s._batch.spec_ticks > n, time.perf_counter() - t, bool(holes), width))
+        steps.append((full, s._batch.spec_ticks > n, time.perf_counter() - t, bool(holes), width,
+                      emitted))
     return steps
+
+
+def ctl_state(s):
+    c = s.control
+    if c is None:
+        return ""
+    return (f" | ctl b16: spec times {[round(x*1e3) for x in c._times.get((16, True), [])]}, "
+            f"plain {[round(x*1e3) for x in c._times.get((16, False), [])]}, gain "
+            f"{round(c._gain.get(16, 0), 2)}, winner {c._winner(16)}, mode {c._modes.get(16)}")
 
 
 for rep in range(reps):
@@ -53,8 +65,17 @@ for rep in range(reps):
         plain = [x[2] * 1e3 for x in st if not x[1]]
         spec = [x[2] * 1e3 for x in st if x[1]]
         holed = [x[2] * 1e3 for x in st if not x[1] and x[3]]
+        since, pos = 99, {}
+        for x in st:
+            since = 0 if x[1] else since + 1
+            if not x[1]:
+                pos.setdefault(min(since, 5), []).append(x[2] * 1e3)
+        print("   plain step ms by position after a spec step (5 = 5th or later):",
+              {k: (len(v), round(statistics.median(v), 1)) for k, v in sorted(pos.items())})
         print(f"{d:6s} rep {rep}: {len(plain)} plain, median {statistics.median(plain):.2f} ms, "
               f"mean {statistics.mean(plain):.2f}; {len(spec)} spec"
               + (f", median {statistics.median(spec):.1f} ms" if spec else "")
-              + f"; plain with holes {len(holed)}; width end {st[-1][4]}; total {sum(x[2] for x in st):.2f} s",
-              flush=True)
+              + f"; plain with holes {len(holed)}; width end {st[-1][4]}; total {sum(x[2] for x in st):.2f} s"
+              + f"; tokens {sum(x[5] for x in st)} = {sum(x[5] for x in st) / sum(x[2] for x in st):.0f} tok/s"
+              + (f"; per spec step {statistics.mean(x[5] for x in st if x[1]) / B:.2f} a row" if spec else "")
+              + ctl_state(s), flush=True)
