@@ -16,7 +16,7 @@ import time
 
 import httpx
 import pytest
-from test_lifecycle import Process
+from conftest import Process
 
 pytestmark = pytest.mark.slow
 

@@ -4,66 +4,19 @@ subprocess: SIGTERM drains and exits 0 with no traceback; a failed engine exits 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port
+from conftest import Process
 
 from appliance.api.errors import SHUTTING_DOWN
 from appliance.serve import EXIT_ENGINE_FAILED
 
 pytestmark = pytest.mark.slow
 BAN_EOS = {"0": -100, "2": -100}  # the embedded model's EOS ids: every request runs long
-
-
-def _command(*overrides: str, inject: str | None = None) -> list[str]:
-    """The `appliance` console script (or, with `inject`, the same main() after some code)."""
-    if inject is None:
-        exe = shutil.which("appliance", path=str(Path(sys.executable).parent))
-        head = [exe] if exe else [sys.executable, "-m", "appliance.cli"]
-        return [*head, *overrides]
-    code = f"{inject}\nimport sys\nfrom appliance.cli import main\nsys.argv[0] = 'appliance'\n" \
-           "main()"
-    return [sys.executable, "-c", code, *overrides]
-
-
-class Process:
-    def __init__(self, tmp: Path, *overrides: str, inject: str | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / "stderr.log"
-        self.proc = subprocess.Popen(
-            _command(f"server.port={self.port}", *overrides, inject=inject), cwd=tmp,
-            stdout=subprocess.DEVNULL, stderr=self.log.open("w"),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.time() + 120
-        while True:
-            assert self.proc.poll() is None, f"the server exited early:\n{self.stderr()}"
-            assert time.time() < deadline, f"the server did not start:\n{self.stderr()}"
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-
-    def stderr(self) -> str:
-        return self.log.read_text()
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"still running after {timeout}s:\n{self.stderr()}") from None
 
 
 def _stream(url: str, out: dict, started: threading.Event) -> None:
