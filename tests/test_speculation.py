@@ -633,6 +633,34 @@ def test_the_control_keeps_a_losing_speculation_under_five_percent_of_the_cost()
     assert late < 0.05 * 300
 
 
+def test_a_losing_speculation_is_not_chosen_on_its_stale_measurements():
+    """The CPU trace of 2026-12-01 (edit, B=16): steps slow down as the rows' contexts grow
+    (attention), and the mode that is not running is measured only when probed. Against
+    its older, cheaper times the running plain steps looked the slower, and speculation ran
+    though it lost by 12-23% a row-token. A switch now waits for a fresh probe."""
+    c, late = Control(6), 0
+    for n in range(600):
+        spec = c.speculate(16)
+        grown = 1 + n / 300  # both modes slow down alike; speculation loses by 13%
+        c.timed(16, spec, grown * (0.100 if spec else 0.0233), 16 * (38 if spec else 10) // 10)
+        late += spec and n >= 100
+    assert late < 0.05 * 500
+
+
+def test_batch_sizes_are_measured_each_on_their_own():
+    """Speculation that wins at 10 rows and loses at 16 (a fixed cost per pass plus one per
+    row, as on an H200): pooled by power of two, 10 rows' steps took 16 rows' verdict."""
+    c, spec16, spec10 = Control(4), 0, 0
+    for _ in range(8):
+        for rows in [10] * 20 + [16] * 60:
+            spec = c.speculate(rows)
+            c.timed(rows, spec, (8 + 1.2 * rows if spec else 5 + 0.2 * rows) / 1e3,
+                    rows * (3 if spec else 1))
+            spec16 += spec and rows == 16
+            spec10 += spec and rows == 10
+    assert spec16 < 0.05 * 480 and spec10 > 0.9 * 160
+
+
 def test_the_control_is_not_thrown_off_by_a_few_bad_steps():
     """Acceptance varies from step to step (a lookup draft that misses, then a long run): a
     speculation that wins on average keeps running through its bad steps."""

@@ -40,11 +40,22 @@ class DraftCounts:
 WARM = 2  # measured steps of each kind before the batch picks the faster one
 WINDOW = 9  # a mode's step time: the median of its last WINDOW measurements
 PROBE = WARM + 1  # steps of a probe of the slower mode (its first one is not a measurement)
+# What speculation must win its measured step time by. Its costs outlast its own steps: the
+# slots its rejected drafts leave masked widen the rows every later step attends over (up
+# to verify.COMPACT_AT), and each switch of mode restarts the pipeline. Near break-even
+# (B=16 on a 2-core CPU) the plain step is the safe choice.
+MARGIN = 1.05
 
 
 def _bucket(rows: int) -> int:
-    """Batch sizes share measurements by power of two (rows finish one by one)."""
+    """Batch sizes share the idle wait by power of two (rows finish one by one)."""
     return 1 << max(0, rows - 1).bit_length()
+
+
+def _near(rows: int) -> int:
+    """How far (in rows) another batch size's decision carries as is: a step's cost, and so
+    speculation's margin, changes little with one row more or less in 8."""
+    return max(1, rows // 8)
 
 
 @dataclass
@@ -69,15 +80,17 @@ class Control:
     Per row (where a pass feeds each row only its own proposals, not `full_width`): k
     follows the expected run of accepted tokens, a/(1-a) for acceptance a, plus one (capped
     at `k`); below `pause_below` the row pauses for `pause_steps` steps, then probes again
-    with one token. Per batch size (by power of two): the time of speculative
-    and plain steps and the tokens a speculative step yields per row are measured, and the
-    faster mode runs. The slower one is
+    with one token. Per batch size (each row count: a step's time grows with its
+    rows, so pooling sizes let a smaller batch's cheaper steps stand for a larger one's):
+    the time of speculative and plain steps and the tokens a speculative step yields per row
+    are measured, and the faster mode runs. The slower one is
     probed again for a few steps after `explore_every` steps (stretched by how much more a
     step of it costs), then after twice as many each time it loses again (up to 16x), so
     probing costs a small share of a long run and
     speculation is never the slower choice for long. A batch size not measured yet takes the
-    decision of its neighbours: speculation that lost at B rows loses at more; one that won
-    at B wins at fewer. `adaptive=False` always proposes k."""
+    decision of its neighbours: one within `_near` rows as is; otherwise speculation that
+    lost at B rows loses at more, and one that won at B wins at fewer. `adaptive=False`
+    always proposes k."""
 
     k: int
     adaptive: bool = True
@@ -93,6 +106,7 @@ class Control:
     _modes: dict[int, _Mode] = field(default_factory=dict)
     _idle: dict[int, int] = field(default_factory=dict)  # B -> plain steps left, no asking
     _idle_gap: dict[int, int] = field(default_factory=dict)  # B -> the last such wait
+    _stale: dict[int, deque | None] = field(default_factory=dict)  # B -> times before a probe
 
     def budget(self, uid: int) -> int:
         """Tokens row `uid` may propose. Where a verify pass feeds every row `k + 1`
@@ -133,7 +147,7 @@ class Control:
         the tokens a speculative step yields per row against what its time would decode."""
         if min(len(self._times.get((b, s), ())) for s in (True, False)) < WARM:
             return None
-        return self._gain[b] * self._secs(b, False) >= self._secs(b, True)
+        return self._gain[b] * self._secs(b, False) >= self._secs(b, True) * MARGIN
 
     def _winner(self, b: int) -> bool | None:
         own = self._measured(b)
@@ -141,7 +155,8 @@ class Control:
             return own
         for other in sorted(self._gain, key=lambda o: abs(o - b)):
             won = self._measured(other)
-            if won is not None and (other <= b and not won or other >= b and won):
+            if won is not None and (abs(other - b) <= _near(b) or other <= b and not won
+                                    or other >= b and won):
                 return won
         return None
 
@@ -149,11 +164,18 @@ class Control:
         """Whether a batch of `rows` rows should speculate this step."""
         if not self.adaptive:
             return True
-        b = _bucket(rows)
-        if self._idle.get(b):
-            self._idle[b] -= 1
+        idle = _bucket(rows)
+        if self._idle.get(idle):
+            self._idle[idle] -= 1
             return False
+        b = rows
         n = self._ticks[b] = self._ticks.get(b, 0) + 1
+        m = self._modes.get(b)
+        if m is not None and m.probe_at <= n < m.probe_at + PROBE:
+            return self._probe(b, m, n)
+        if m is not None and n == m.probe_at + PROBE and not self._probed(b, m):
+            m.probe_at = n + m.gap  # the probe measured too little: keep the mode, try later
+            return m.winner
         winner = self._winner(b)
         if winner is None:
             return n % 4 < 2  # measuring both, two steps of each in turn
@@ -162,15 +184,37 @@ class Control:
         if not m.probe_at:
             m.probe_at, m.gap, m.winner = n + first, first, winner
         if n < m.probe_at:
-            if winner != m.winner:  # the running mode fell below the other's last rate
-                m.winner, m.gap, m.probe_at = winner, first, n + first
-            return m.winner
-        if n < m.probe_at + PROBE:
-            return not m.winner
-        held = winner == m.winner  # the probe is over: back off while the winner holds
-        m.gap = min(2 * m.gap, 16 * first) if held else first
+            if winner == m.winner:
+                return winner
+            # The running mode fell below the other's last rate. That rate is as old as
+            # the other's last probe, and steps slow down as the rows' contexts grow
+            # (attention): measure the other afresh before switching to it.
+            m.probe_at = n
+            return self._probe(b, m, n)
+        # The probe is over: back off while the winner holds. A switch is checked again
+        # soon, when both modes' times are fresh (the one it leaves may be old too: a
+        # server's batch of this size last ran over shorter or longer contexts).
+        held = winner == m.winner
+        m.gap = max(first, min(2 * m.gap, 16 * first)) if held else WINDOW
         m.probe_at, m.winner = n + m.gap, winner
         return winner
+
+    def _probe(self, b: int, m: _Mode, n: int) -> bool:
+        """A step of the mode that is not running. A probe's verdict rests on its own steps
+        alone, compared with the running mode's latest ones."""
+        if n == m.probe_at:
+            self._stale[b] = self._times.pop((b, not m.winner), None)
+        return not m.winner
+
+    def _probed(self, b: int, m: _Mode) -> bool:
+        """Whether the probe that just ended measured its mode (a step next to a prefill,
+        or the first after a switch, is no measurement); if not, its older times stand."""
+        stale, key = self._stale.pop(b, None), (b, not m.winner)
+        if len(self._times.get(key, ())) >= WARM:
+            return True
+        if stale:
+            self._times[key] = stale
+        return False
 
     def found(self, rows: int, any_drafts: bool) -> None:
         """Whether a step that asked the rows found anything to propose. Asking costs the
@@ -205,7 +249,7 @@ class Control:
         the time a step takes."""
         if seconds <= 0:
             return
-        b = _bucket(rows)
+        b = rows
         self._times.setdefault((b, spec), deque(maxlen=WINDOW)).append(seconds)
         if spec:
             old = self._gain.get(b)
