@@ -99,6 +99,12 @@ class Control:
     explore_every: int = 32
     idle_max: int = IDLE_MAX
     full_width: bool = WHOLE_BUFFER
+    # Steps slow down as the rows' contexts grow (a compute-bound CPU's attention), and a
+    # step's time grows with its rows: measure each row count on its own, and switch modes
+    # only on a fresh probe. Not on CUDA, where a step's time is flat in both (launch-bound)
+    # and a fresh probe's two steps are too few against its one-off compiles (an H200 read
+    # lookup at B=4 at 0.99-1.07x with this, against 1.42-1.62x without).
+    drift: bool = not WHOLE_BUFFER
     _rows: dict[int, _Row] = field(default_factory=dict)
     _times: dict[tuple[int, bool], deque] = field(default_factory=dict)  # (B, spec) -> s/step
     _gain: dict[int, float] = field(default_factory=dict)  # B -> tokens per row per spec step
@@ -147,7 +153,8 @@ class Control:
         the tokens a speculative step yields per row against what its time would decode."""
         if min(len(self._times.get((b, s), ())) for s in (True, False)) < WARM:
             return None
-        return self._gain[b] * self._secs(b, False) >= self._secs(b, True) * MARGIN
+        margin = MARGIN if self.drift else 1.0
+        return self._gain[b] * self._secs(b, False) >= self._secs(b, True) * margin
 
     def _winner(self, b: int) -> bool | None:
         own = self._measured(b)
@@ -155,7 +162,8 @@ class Control:
             return own
         for other in sorted(self._gain, key=lambda o: abs(o - b)):
             won = self._measured(other)
-            if won is not None and (abs(other - b) <= _near(b) or other <= b and not won
+            near = self.drift and abs(other - b) <= _near(b)
+            if won is not None and (near or other <= b and not won
                                     or other >= b and won):
                 return won
         return None
@@ -168,9 +176,9 @@ class Control:
         if self._idle.get(idle):
             self._idle[idle] -= 1
             return False
-        b = rows
+        b = rows if self.drift else idle
         n = self._ticks[b] = self._ticks.get(b, 0) + 1
-        m = self._modes.get(b)
+        m = self._modes.get(b) if self.drift else None
         if m is not None and m.probe_at <= n < m.probe_at + PROBE:
             return self._probe(b, m, n)
         if m is not None and n == m.probe_at + PROBE and not self._probed(b, m):
@@ -186,23 +194,32 @@ class Control:
         if n < m.probe_at:
             if winner == m.winner:
                 return winner
+            if not self.drift:  # the running mode fell below the other's last rate
+                m.winner, m.gap, m.probe_at = winner, first, n + first
+                return winner
             # The running mode fell below the other's last rate. That rate is as old as
             # the other's last probe, and steps slow down as the rows' contexts grow
             # (attention): measure the other afresh before switching to it.
             m.probe_at = n
             return self._probe(b, m, n)
+        if n < m.probe_at + PROBE:  # a probe (with `drift`, run above)
+            return not m.winner
         # The probe is over: back off while the winner holds. A switch is checked again
         # soon, when both modes' times are fresh (the one it leaves may be old too: a
         # server's batch of this size last ran over shorter or longer contexts).
         held = winner == m.winner
-        m.gap = max(first, min(2 * m.gap, 16 * first)) if held else WINDOW
+        if held:  # (after a switch's quick check, the usual gap again)
+            m.gap = min(2 * m.gap, 16 * first) if not self.drift else \
+                max(first, min(2 * m.gap, 16 * first))
+        else:
+            m.gap = WINDOW if self.drift else first
         m.probe_at, m.winner = n + m.gap, winner
         return winner
 
     def _probe(self, b: int, m: _Mode, n: int) -> bool:
         """A step of the mode that is not running. A probe's verdict rests on its own steps
         alone, compared with the running mode's latest ones."""
-        if n == m.probe_at:
+        if n == m.probe_at and self.drift:
             self._stale[b] = self._times.pop((b, not m.winner), None)
         return not m.winner
 
@@ -249,7 +266,7 @@ class Control:
         the time a step takes."""
         if seconds <= 0:
             return
-        b = rows
+        b = rows if self.drift else _bucket(rows)
         self._times.setdefault((b, spec), deque(maxlen=WINDOW)).append(seconds)
         if spec:
             old = self._gain.get(b)
