@@ -1,0 +1,3 @@
+date -u +%H:%M:%S
+timeout 560 python3 -c "import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()" mode=bench bench=agents +profile=agent-fleet model=synthetic model.shape=llama-3-8b model.bits=4 model.dtype=bfloat16 bench.agents=16 bench.turns=4 hydra.run.dir=$OUT/agents8b 2>&1 | grep -v Warning | tail -12
+date -u +%H:%M:%S
