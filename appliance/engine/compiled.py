@@ -96,14 +96,12 @@ class CompiledDecode:
                 logits, hidden = tapped(tokens, cache=slots)
             else:
                 logits, hidden = model(tokens, cache=slots), []
-            if n == 1:
-                logits = logits[:, -1, :]
             return logits, hidden, [s.keys for s in slots], [s.values for s in slots]
 
         self._run = mx.compile(run)
 
     def __call__(self, tokens: mx.array, layers: list) -> mx.array:
-        return self.forward(tokens[:, None], layers)
+        return self.forward(tokens[:, None], layers)[:, -1, :]
 
     def forward(self, tokens: mx.array, layers: list) -> mx.array:
         n = tokens.shape[1]

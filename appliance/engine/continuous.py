@@ -33,7 +33,6 @@ from appliance.engine.prefix_cache import PrefixCache
 from appliance.engine.runner import Decoder
 from appliance.engine.sampling import make_processors, make_sampler, repair_random_state
 from appliance.engine.scheduler import Counters, RowState, finish, safe_deliver, token_event
-from appliance.engine.speculate import WHOLE_BUFFER
 from appliance.engine.step import BatchStep
 from appliance.engine.types import FinishReason
 
@@ -58,15 +57,17 @@ class ContinuousScheduler:
                  budget: Budget, prefix: PrefixCache | None = None,
                  ceiling: int | None = None, scheme: Scheme | None = None,
                  prefill_rows: int = 1, drafter=None, control=None,
-                 compile_step: bool = False, compile_verify: bool | None = None):
+                 compile_step: bool = False, compile_verify: bool = True):
         """`prefix`: the prefix cache, if any; its RAM tier trims itself to `ceiling` minus
         the KV bytes the live rows hold and the copies waiting for the SSD writer (one
         memory ceiling for all three). `drafter`/`control`: speculative decoding
         (`appliance.engine.speculate`); with a drafter every row runs in the batched step,
         a lone one too (the solo path does not speculate). `compile_step`: batched plain
         decode steps run as one compiled graph (`appliance.engine.compiled`); `compile_verify`:
-        verify passes do (by default on CUDA, where it measured 1.0-1.3x the uncompiled pass's
-        tokens/s, docs/benchmarks.md; a CPU pass is compute-bound)."""
+        verify passes do (by default: on an H200 it measured 1.0-1.3x the uncompiled pass's
+        tokens/s; on a 2-core CPU 1.13-1.16x at B=1, where a pass builds more graph than it
+        computes, and within noise at B=4-16, where masked slots mostly keep the pass
+        uncompiled; docs/benchmarks.md)."""
         self.model, self.eos_ids = model, eos_ids
         self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
         self.budget = budget  # (MLX work runs on the engine thread's own stream)
@@ -75,7 +76,7 @@ class ContinuousScheduler:
         self.prefill_rows = prefill_rows
         self.drafter, self.control = drafter, control
         self.compiled = CompiledDecode(model) if compile_step else None  # traces kept
-        self.compile_verify = WHOLE_BUFFER if compile_verify is None else compile_verify
+        self.compile_verify = compile_verify
         self.counters = Counters(draft_method=drafter.method if drafter else None)
         self._waiting: deque = deque()
         self._rows: dict[int, Row] = {}  # BatchStep uid -> row
