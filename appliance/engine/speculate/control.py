@@ -219,7 +219,7 @@ class Control:
     def _probe(self, b: int, m: _Mode, n: int) -> bool:
         """A step of the mode that is not running. A probe's verdict rests on its own steps
         alone, compared with the running mode's latest ones."""
-        if n == m.probe_at and self.drift:
+        if n == m.probe_at:
             self._stale[b] = self._times.pop((b, not m.winner), None)
         return not m.winner
 
