@@ -212,3 +212,95 @@ def test_checkpoints_at_every_message_end(engine, plan):
         head = engine.tokenizer.apply_chat_template(
             [{"role": r, "content": c} for r, c in msgs[:k]], add_generation_prompt=False)
         assert ids[:cp] == list(head)
+
+
+def _two_rows(model, tok, prefill_chunk=32):
+    """A long row decoding, then a 60-token prompt with checkpoints at 40 and 50 that
+    prefills beside it (the lone prefilling row of a batch, not the solo path)."""
+    ids = oracle.batch_prompts(tok)
+    busy = GenerationRequest(ids["a"][:20], 30)
+    req = GenerationRequest(ids["b"][:40] + ids["c"][:20], 6, checkpoints=(40, 50))
+    s = ContinuousScheduler(model, set(tok.eos_token_ids), 4, prefill_chunk,
+                            Budget(1 << 40, KVShape(1, 0, 0, 0)),
+                            prefix=PrefixCache(ram=RamTier(1 << 30)))
+    return s, busy, req
+
+
+def test_a_lone_rows_pass_runs_past_its_checkpoints(loaded, monkeypatch):
+    """One pass runs on past a checkpoint (the prefix cache takes the row's first n tokens
+    from it afterwards), where a pass per segment used to stop at each: fewer passes, and
+    each stored checkpoint holds the KV of exactly its tokens."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from appliance.engine.step import BatchStep
+
+    name, model, tok = loaded
+    s, busy, req = _two_rows(model, tok)
+    passes = []
+    run = BatchStep._prefill_chunk
+    monkeypatch.setattr(BatchStep, "_prefill_chunk", lambda self, chunks: (
+        passes.append([len(c) for c in chunks]) if any(chunks) else None, run(self, chunks))[1])
+    rows = {"busy": Collector(busy), "r": Collector(req)}
+    drive(s, [(0, "insert", "busy"), (3, "insert", "r")], rows)
+    own = [p for p in passes if p != [20]]
+    if name != "tiny":  # sliding-window or recurrent layers: a pass per segment, as before
+        assert own == [[32], [8], [10], [9]]
+        return
+    assert own == [[32], [27]]  # checkpoints at 40 and 50, the prompt's end less one at 59
+    stored = {len(k): e.cache for k, e in s.prefix.ram._lru.items()
+              if list(k) == req.prompt[:len(k)]}
+    assert {40, 50, 59} <= set(stored)
+    whole = stored[59]
+    for n in (40, 50):  # sliced from the pass that ran on to 59: exactly its first n slots
+        for got, full in zip(stored[n], whole, strict=True):
+            assert got.offset == n and got.keys.shape[2] == n
+            assert mx.array_equal(got.keys, full.keys[..., :n, :]).item()
+            assert mx.array_equal(got.values, full.values[..., :n, :]).item()
+    # and that pass's KV is the prompt's, against one pass over all 59 tokens (which sums
+    # in another order: on CUDA in float32 the two differ by up to ~2e-5)
+    ref = make_prompt_cache(model)
+    model(mx.array([req.prompt[:59]]), cache=ref)
+    for got, want in zip(whole, ref, strict=True):
+        assert mx.allclose(got.keys, want.keys[..., :59, :], atol=1e-4).item()
+        assert mx.allclose(got.values, want.values[..., :59, :], atol=1e-4).item()
+    assert rows["r"].tokens == _cold(model, tok, req)
+    s.prefix.check_integrity()
+
+
+def test_a_lone_rows_pass_on_the_cuda_grid_is_token_exact(loaded, monkeypatch):
+    """The CUDA shape policy, run on CPU: a lone native row's pass starts at a multiple
+    of GRID (its cache steps back, the tokens in between are fed again), right-padded to
+    `prefill_width` over a whole-step buffer, its padding trimmed after. Tokens equal the
+    exact-shape path's, on a prefix hit that ends off the grid."""
+    from appliance.engine import rows as rows_mod
+    from appliance.engine import step as step_mod
+
+    name, model, tok = loaded
+    _, busy, req = _two_rows(model, tok)
+    hit = GenerationRequest(req.prompt[:50] + oracle.batch_prompts(tok)["d"][:13], 6,
+                            checkpoints=(40, 50))
+    want = {}
+    for row, r in (("busy", busy), ("r", req), ("hit", hit)):
+        want[row] = _cold(model, tok, r)
+    for mod in (rows_mod, step_mod):
+        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    monkeypatch.setattr(step_mod, "GRID", 16)
+    fed = []
+    grid_pass = step_mod.BatchStep._grid_pass
+
+    def record(self, chunk):
+        start = len(self._prefill.tokens[0]) - len(chunk)
+        fed.append((start - start % 16, len(chunk) + start % 16))
+        grid_pass(self, chunk)
+        assert all(c.keys.shape[2] % c.step == 0 and c._idx == len(self._prefill.tokens[0])
+                   for c in self._prefill.layers)
+
+    monkeypatch.setattr(step_mod.BatchStep, "_grid_pass", record)
+    s, _, _ = _two_rows(model, tok)
+    rows = {n: Collector(r) for n, r in (("busy", busy), ("r", req), ("hit", hit))}
+    drive(s, [(0, "insert", "busy"), (3, "insert", "r"), (12, "insert", "hit")], rows)
+    assert {n: c.tokens for n, c in rows.items()} == want
+    assert rows["hit"].finished.cached_tokens == 50  # r's checkpoint at 50
+    # the hit's tail from 48 on the grid: 2 fed again + 12 new (full attention only)
+    assert ((48, 14) in fed) == (name == "tiny") and (bool(fed) == (name == "tiny"))

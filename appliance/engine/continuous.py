@@ -138,10 +138,10 @@ class ContinuousScheduler:
         try:
             prompt_responses, responses = self._batch.tick()
             if self.prefix is not None:  # checkpoints: a segment of some prompt just ended
-                ends = [p.uid for p in prompt_responses if p.end_of_segment and not p.end_of_prompt]
-                for uid in ends:
-                    cache, tokens = self._batch.extract(uid)
-                    req = self._rows[uid].handle.request
+                ends = [p for p in prompt_responses if p.end_of_segment and not p.end_of_prompt]
+                for p in ends:
+                    cache, tokens = self._batch.extract(p.uid, p.at)
+                    req = self._rows[p.uid].handle.request
                     self._store(tokens, cache, durable=self._durable(req, len(tokens)))
         except Exception as e:  # a failed forward fails the rows in flight, not the server
             if is_allocation_failure(e):

@@ -36,7 +36,7 @@ from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
-from appliance.engine.kv.native import causal, fusable, whole_buffers
+from appliance.engine.kv.native import FullLayout, causal, fusable, whole_buffers
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
@@ -58,14 +58,18 @@ def prefill_width(n: int) -> int:
     return -(-n // 256) * 256
 
 
+GRID = 256  # a lone row's fused prefill pass starts at a multiple of this on CUDA
+
+
 @dataclass
 class PromptEvent:
     """A prefill chunk ran for `uid`; `end_of_segment`: it ended one of its segments (a
-    checkpoint: the prefix cache may take the row's cache now)."""
+    checkpoint: the prefix cache may take the row's first `at` tokens now)."""
 
     uid: int
     end_of_segment: bool
     end_of_prompt: bool
+    at: int = 0  # the tokens in the row's KV at this event
 
 
 @dataclass
@@ -188,15 +192,26 @@ class BatchStep:
             self._start_decoding(ready)
             prompt_events += [PromptEvent(u, True, True) for u in self._decode.uids[-len(ready):]]
         chunks = []
+        across = self._lone_native()
         for i, segs in enumerate(self._segments):
-            n = min(len(segs[0]), self.scheme.chunk_limit(len(self._prefill.tokens[i]),
-                                                          self.prefill_chunk))
-            chunks.append(segs[0][:n])
-            segs[0] = segs[0][n:]
-            end = not segs[0]
-            if end:
+            uid, start = self._prefill.uids[i], len(self._prefill.tokens[i])
+            room = self.scheme.chunk_limit(start, self.prefill_chunk)
+            chunk, end = [], False
+            # A lone native row's chunk runs on past its checkpoints (each is sliced from
+            # its cache afterwards), not up to the last prompt token (the decode step's)
+            while room > 0 and (not chunk or (across and len(segs) > 1)):
+                take = segs[0][:room]
+                chunk += take
+                room -= len(take)
+                segs[0] = segs[0][len(take):]
+                end = not segs[0]
+                if not end:
+                    break
                 segs.pop(0)
-            prompt_events.append(PromptEvent(self._prefill.uids[i], end, False))
+                prompt_events.append(PromptEvent(uid, True, False, start + len(chunk)))
+            if not end:
+                prompt_events.append(PromptEvent(uid, False, False, start + len(chunk)))
+            chunks.append(chunk)
         self._prefill_chunk(chunks)
         self._quiet = not (n > 0 or ready or any(chunks))  # the next step's time is its own
         return prompt_events, events
@@ -213,6 +228,39 @@ class BatchStep:
         self._prefill.extend(batch)
         self._segments += [s.segments for s in new]
 
+    def _lone_native(self) -> bool:
+        """One row prefilling, every layer a native full-attention layout without holes,
+        and nothing beside the model (a drafter's layers or hidden states): its pass may
+        run past checkpoints, and on CUDA start on the grid (`_grid_pass`)."""
+        return (len(self._prefill) == 1 and not self._prefill.extra
+                and not isinstance(self.model, Tapped)
+                and all(type(c) is FullLayout and c._holes is None
+                        for c in self._prefill.layers))
+
+    def _grid_pass(self, chunk: list[int]) -> None:
+        """A lone native row's fused pass on CUDA, in shapes that recur: MLX's CUDA
+        attention builds a cuDNN graph for every (query length, key length, buffer) it
+        meets, ~40 ms each, and the rest of a pass at a new length costs as much again
+        (measured on an H200, 1B shape: ~90 ms a new-shape tail pass against ~9 ms once
+        seen; a 16-agent run met ~30 of them). So the pass starts at the multiple of GRID
+        below the row's end (the cache steps back, the tokens in between are fed again:
+        the same keys), is right-padded to `prefill_width`, over a buffer of whole
+        `step`s, and its padding is trimmed after. The padding comes after every real
+        token, so causal attention keeps it out of theirs."""
+        layers, tokens = self._prefill.layers, self._prefill.tokens[0]
+        start = len(tokens) - len(chunk)
+        back = start % GRID
+        fed = tokens[start - back:]
+        width = prefill_width(len(fed))
+        for c in layers:
+            c.trim(back)
+            c.on_grid(width)
+        with causal(layers, True):
+            self.model(mx.array([fed + [0] * (width - len(fed))]), cache=layers)
+        for c in layers:
+            c.trim(width - len(fed))
+        mx.eval([c.state for c in layers])
+
     def _prefill_chunk(self, chunks: list[list[int]]) -> None:
         """Run one chunk per prefilling row (right-padded when uneven, then re-aligned)."""
         if not chunks:
@@ -221,6 +269,18 @@ class BatchStep:
             row += c
         lengths = [len(c) for c in chunks]
         fused = WHOLE_BUFFER and fusable(self._prefill.layers, len(self._prefill))
+        if fused and self._lone_native():
+            self._grid_pass(chunks[0])
+        else:
+            self._padded_pass(chunks, lengths, fused)
+        if max(lengths) >= self.prefill_chunk:
+            # Free a whole chunk's activations, as generate_step does; not a short tail's
+            # (most chunks under an agent load, after a prefix hit): on CUDA this syncs the
+            # device and empties MLX's buffer pool, which the next steps then refill.
+            # MLX's cache limit (the plan's buffer_cache_bytes) bounds the pool meanwhile.
+            mx.clear_cache()
+
+    def _padded_pass(self, chunks: list[list[int]], lengths: list[int], fused: bool) -> None:
         width = prefill_width(max(lengths)) if WHOLE_BUFFER and not fused else max(lengths)
         pad = [width - n for n in lengths]
         if max(pad) > 0:
@@ -240,12 +300,6 @@ class BatchStep:
             for c in self._prefill.layers:
                 c.finalize()
             mx.eval([c.state for c in self._prefill.layers])
-        if max(lengths) >= self.prefill_chunk:
-            # Free a whole chunk's activations, as generate_step does; not a short tail's
-            # (most chunks under an agent load, after a prefix hit): on CUDA this syncs the
-            # device and empties MLX's buffer pool, which the next steps then refill.
-            # MLX's cache limit (the plan's buffer_cache_bytes) bounds the pool meanwhile.
-            mx.clear_cache()
 
     def _start_decoding(self, ready: list[int]) -> None:
         """Rows whose prompt is down to its last token: feed it, then join the running rows."""
@@ -373,14 +427,17 @@ class BatchStep:
                 return "waiting", i
         raise KeyError(uid)
 
-    def extract(self, uid: int) -> tuple[list, list[int]]:
-        """A copy of one row's cache and the tokens in it (for the prefix cache)."""
+    def extract(self, uid: int, upto: int | None = None) -> tuple[list, list[int]]:
+        """A copy of one row's cache and the tokens in it (for the prefix cache); `upto`:
+        its first `upto` tokens only (a checkpoint its last prefill pass ran past)."""
         stage, i = self._where(uid)
         if stage == "waiting":
             s = self._waiting[i]
             return s.cache, s.tokens
         batch = self._decode if stage == "decode" else self._prefill
-        return batch.extract(i), batch.tokens[i]
+        if upto is None or upto == len(batch.tokens[i]):
+            return batch.extract(i), batch.tokens[i]
+        return [c.extract(i, upto) for c in batch.layers], batch.tokens[i][:upto]
 
     def remove(self, uid: int) -> None:
         stage, i = self._where(uid)

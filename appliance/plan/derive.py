@@ -134,6 +134,9 @@ def machine_facts(mach, here, usable: int) -> Facts:
                  sources="; ".join(src))
 
 
+GRID = 256  # engine/step.py: a lone row's fused prefill pass on CUDA starts at a multiple
+
+
 def activations(s: Shape, chunk: int, rows: int, prefill_rows: int, context: int,
                 backend: str, whole_pass: bool = True) -> int:
     """Peak transient bytes of one step: a prefill chunk's layer activations (residual, the
@@ -146,6 +149,8 @@ def activations(s: Shape, chunk: int, rows: int, prefill_rows: int, context: int
     measured on an H200, a 2048-token chunk of the 16-layer 1B shape peaked at 1.1-2.0 GiB
     against 0.13 GiB for one layer's (not measured on Metal: counted per layer there)."""
     per_token = 3 * s.hidden + 2 * s.heads * (s.hidden // max(1, s.heads)) + 3 * s.intermediate
+    if backend == "cuda":  # a lone row's pass starts on a grid: up to GRID tokens fed again
+        chunk += GRID
     prefill = prefill_rows * chunk * per_token * s.act_bytes
     if backend == "cpu" or (backend == "cuda" and (prefill_rows > 1 or not s.fused_prefill)):
         prefill += 2 * prefill_rows * s.heads * chunk * (context + chunk) * s.act_bytes

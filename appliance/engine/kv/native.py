@@ -36,6 +36,25 @@ class FullLayout(BatchKVCache):
         self.values = mx.concatenate(
             [keep[1], mx.zeros((B, H, grow, self.values.shape[3]), self.values.dtype)], 2)
 
+    def on_grid(self, n: int) -> None:
+        """Make the buffer a whole number of `step` slots with room for n more tokens, as
+        an array of its own (not a view of a longer one): MLX's CUDA attention keys its
+        graphs on the buffer's strides too, so a prefix hit's exact-length buffer, or a
+        view, would make every pass over it a new shape."""
+        if self.keys is None:  # (its first write allocates whole steps)
+            return
+        need = -(-(self._idx + n) // self.step) * self.step
+        size = self.keys.shape[2]
+        if size % self.step == 0 and size >= need:
+            return
+        B, H, _, D = self.keys.shape
+        room = need - self._idx
+        self.keys = mx.concatenate(
+            [self.keys[..., :self._idx, :], mx.zeros((B, H, room, D), self.keys.dtype)], 2)
+        self.values = mx.concatenate(
+            [self.values[..., :self._idx, :],
+             mx.zeros((B, H, room, self.values.shape[3]), self.values.dtype)], 2)
+
     causal = False  # a lone row's pass over its exact keys: MLX's fused kernel (see `causal`)
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs):
@@ -140,14 +159,24 @@ class FullLayout(BatchKVCache):
         self._holes[i] = self._holes[i] | drop
         self.offset = self.offset - mx.zeros_like(self.offset).at[i].add(n)
 
-    def extract(self, i: int):
-        if self.keys is None:  # never written (a drafter's layer before it first ran)
-            from mlx_lm.models.cache import KVCache
-
-            return KVCache()
-        if self._holes is None:
-            return super().extract(i)
+    def extract(self, i: int, upto: int | None = None):
+        """Row i's cache as a KVCache; `upto`: only its first `upto` tokens (a checkpoint a
+        prefill pass went past)."""
         from mlx_lm.models.cache import KVCache
+
+        if self.keys is None:  # never written (a drafter's layer before it first ran)
+            return KVCache()
+        if self._holes is None and upto is None:
+            return super().extract(i)
+        if self._holes is None:
+            pad = int(self.left_padding[i].item())
+            cache = KVCache()
+            cache.keys = mx.contiguous(self.keys[i:i + 1, :, pad:pad + upto])
+            cache.values = mx.contiguous(self.values[i:i + 1, :, pad:pad + upto])
+            cache.offset = upto
+            return cache
+        if upto is not None:
+            raise ValueError("a truncated extract of a row with holes")
 
         at = mx.array(self._held(i))
         cache = KVCache()
