@@ -22,7 +22,7 @@ def _hostname(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def guard(connection: ASGIConnection, _handler) -> None:
+async def guard(connection: ASGIConnection, _handler) -> None:  # (async: metrics.before_send)
     server = connection.app.state.plan.server
     if is_loopback(server.host):
         host = _hostname(connection.headers.get("host", ""))
