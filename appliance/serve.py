@@ -85,6 +85,7 @@ def serve(plan: ExecutionPlan) -> int:
         log.info("serving on http://%s:%d/v1", plan.server.host, plan.server.port)
         config = uvicorn.Config(app, host=plan.server.host, port=plan.server.port,
                                 log_level=plan.server.log_level, workers=1,
+                                http="httptools", loop="uvloop",  # (pyproject.toml: why)
                                 timeout_graceful_shutdown=plan.server.drain_seconds
                                 + GRACE_SECONDS)
         server = _server_class()(config, engine, plan.server.drain_seconds)

@@ -257,13 +257,15 @@ def test_a_lone_rows_pass_runs_past_its_checkpoints(loaded, monkeypatch):
             assert got.offset == n and got.keys.shape[2] == n
             assert mx.array_equal(got.keys, full.keys[..., :n, :]).item()
             assert mx.array_equal(got.values, full.values[..., :n, :]).item()
-    # and that pass's KV is the prompt's, against one pass over all 59 tokens (which sums
-    # in another order: on CUDA in float32 the two differ by up to ~2e-5)
+    # and that pass's KV is the prompt's, against one pass over all 59 tokens, which sums
+    # in another order; on CUDA MLX multiplies float32 in TF32 (MLX_ENABLE_TF32, on by
+    # default: 10-bit mantissas), where passes of other lengths differed by ~2e-4 (H200)
     ref = make_prompt_cache(model)
     model(mx.array([req.prompt[:59]]), cache=ref)
+    tol = 1e-4 if mx.default_device() == mx.cpu else 2e-3
     for got, want in zip(whole, ref, strict=True):
-        assert mx.allclose(got.keys, want.keys[..., :59, :], atol=1e-4).item()
-        assert mx.allclose(got.values, want.values[..., :59, :], atol=1e-4).item()
+        assert mx.allclose(got.keys, want.keys[..., :59, :], atol=tol).item()
+        assert mx.allclose(got.values, want.values[..., :59, :], atol=tol).item()
     assert rows["r"].tokens == _cold(model, tok, req)
     s.prefix.check_integrity()
 
