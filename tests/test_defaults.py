@@ -137,11 +137,12 @@ def test_a_default_config_server_equals_mlx_lm_at_its_dtype():
 
 def test_cuda_counts_score_matrices_only_where_prefill_attention_is_not_fused():
     """On CUDA a lone row's prefill over full-attention layers is fused (no chunk x keys
-    matrices); rows prefilled together, or layers that are not all full attention, are
-    not, and their score matrices count. A pass's temporaries count for every layer."""
+    matrices) and may feed GRID tokens more (its pass starts on the grid); rows prefilled
+    together, or layers that are not all full attention, are not, and their score
+    matrices count. A pass's temporaries count for every layer."""
     from dataclasses import replace
 
-    from appliance.plan.derive import activations
+    from appliance.plan.derive import GRID, activations
 
     s = Shape(weights=2 * 10**9, parameters=10**9, per_token=32768, hidden=2048,
               intermediate=8192, heads=32, vocab=128256, act_bytes=2, trained=131072, layers=16)
@@ -149,8 +150,9 @@ def test_cuda_counts_score_matrices_only_where_prefill_attention_is_not_fused():
     one_layer = activations(s, 2048, 16, 1, 16384, "cuda", whole_pass=False)
     scores = 2 * 32 * 2048 * (16384 + 2048) * 2  # one layer's scores and softmax
     logits = 16 * 3 * 128256 * 4
-    assert fused - logits == 16 * (one_layer - logits)
+    token = (3 * 2048 + 2 * 2048 + 3 * 8192) * 2  # one fed token's activations, one layer
+    assert fused - logits == 16 * (one_layer - logits) == 16 * (2048 + GRID) * token
     assert activations(replace(s, fused_prefill=False), 2048, 16, 1, 16384, "cuda") \
-        == fused + 16 * scores
-    assert activations(s, 2048, 16, 2, 16384, "cuda") == 2 * (fused - logits) \
-        + 16 * 2 * scores + logits
+        == 16 * (2048 * token + scores) + logits
+    assert activations(s, 2048, 16, 2, 16384, "cuda") == 16 * 2 * (2048 * token + scores) \
+        + logits

@@ -40,6 +40,7 @@ from appliance.engine.kv.native import FullLayout, causal, fusable, whole_buffer
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
+from appliance.plan.derive import GRID  # a lone row's fused pass starts on it (CUDA)
 
 # Propose before reading the pending tokens where reading them stalls a pipeline that pays:
 # a launch-bound device (CUDA) rather than a compute-bound CPU (docs/speculation.md).
@@ -57,8 +58,6 @@ def prefill_width(n: int) -> int:
         return max(16, 1 << (n - 1).bit_length())
     return -(-n // 256) * 256
 
-
-GRID = 256  # a lone row's fused prefill pass starts at a multiple of this on CUDA
 
 
 @dataclass

@@ -134,7 +134,7 @@ def machine_facts(mach, here, usable: int) -> Facts:
                  sources="; ".join(src))
 
 
-GRID = 256  # engine/step.py: a lone row's fused prefill pass on CUDA starts at a multiple
+GRID = 256  # a lone row's fused prefill pass on CUDA starts at a multiple (engine/step.py)
 
 
 def activations(s: Shape, chunk: int, rows: int, prefill_rows: int, context: int,
@@ -149,9 +149,10 @@ def activations(s: Shape, chunk: int, rows: int, prefill_rows: int, context: int
     measured on an H200, a 2048-token chunk of the 16-layer 1B shape peaked at 1.1-2.0 GiB
     against 0.13 GiB for one layer's (not measured on Metal: counted per layer there)."""
     per_token = 3 * s.hidden + 2 * s.heads * (s.hidden // max(1, s.heads)) + 3 * s.intermediate
-    if backend == "cuda":  # a lone row's pass starts on a grid: up to GRID tokens fed again
-        chunk += GRID
-    prefill = prefill_rows * chunk * per_token * s.act_bytes
+    fed = prefill_rows * chunk
+    if backend == "cuda" and s.fused_prefill:  # a lone row's fused pass starts on a grid
+        fed = max(fed, chunk + GRID)  # (up to GRID cached tokens fed again)
+    prefill = fed * per_token * s.act_bytes
     if backend == "cpu" or (backend == "cuda" and (prefill_rows > 1 or not s.fused_prefill)):
         prefill += 2 * prefill_rows * s.heads * chunk * (context + chunk) * s.act_bytes
     if backend == "cuda" and whole_pass:
