@@ -40,6 +40,7 @@ from appliance.engine.kv.native import FullLayout, causal, fusable, whole_buffer
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
+from appliance.engine.verify import compact_holes
 from appliance.plan.derive import GRID  # a lone row's fused pass starts on it (CUDA)
 
 # Propose before reading the pending tokens where reading them stalls a pipeline that pays:
@@ -131,6 +132,7 @@ class BatchStep:
         # (None) one that asked for drafts and found none
         self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
         self._asked = False  # this step read the pending tokens for drafts and found none
+        self._plain_mode = False  # the control chose a plain step for this batch size
 
     def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
         """Tell an MTP drafter what the model just fed each row, with its hidden states."""
@@ -330,6 +332,8 @@ class BatchStep:
         emitted = self._speculate() if self.drafter is not None else None
         spec = emitted is not None
         if not spec:
+            if self._plain_mode and not WHOLE_BUFFER:  # the control chose plain steps:
+                compact_holes(d.layers)  # not over its verify steps' holes (why: there)
             toks, logprobs = d.step(self.model, self._compiled)
             self._observe(d.uids, [[t] for t in toks])
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
@@ -373,7 +377,8 @@ class BatchStep:
         the control measured plain steps faster at this batch size): then a plain step."""
         d, ctl = self._decode, self.control
         rows = len(d)
-        if not ctl.speculate(rows):
+        self._plain_mode = not ctl.speculate(rows)
+        if self._plain_mode:
             return None
         # Right after a plain step the pending tokens are still being computed: a drafter
         # that can propose from the tokens before them does, so asking waits for nothing
