@@ -10,7 +10,10 @@ with it at the same B):
 2. rows whose prompt is down to its last token start decoding: that token's first
    forward runs over their own cache, which then joins the running rows;
 3. one chunk of at most `prefill_chunk` prompt tokens for the rows being prefilled
-   (`prefill_rows` prompts together, right-padded, then rolled back to left padding).
+   (`prefill_rows` prompts together, right-padded, then rolled back to left padding). It
+   stops at each checkpoint (where the prefix cache takes the row's KV), except a lone
+   native row's, which runs on and has each checkpoint sliced from its cache; on CUDA that
+   row's pass starts on a grid so its shapes recur (`_grid_pass`).
 
 With a drafter (`appliance/engine/speculate/`), step 1 becomes a verify step when rows
 have proposals (`appliance/engine/verify.py`): each row feeds its pending token plus its own
@@ -58,7 +61,6 @@ def prefill_width(n: int) -> int:
     if n <= 256:
         return max(16, 1 << (n - 1).bit_length())
     return -(-n // 256) * 256
-
 
 
 @dataclass
