@@ -29,12 +29,7 @@ class FullLayout(BatchKVCache):
         """Allocate room for n more tokens now (the mask is built before the write)."""
         if self.keys is not None and self._idx + n <= self.keys.shape[2]:
             return
-        grow = (self.step + n - 1) // self.step * self.step
-        B, H, _, D = self.keys.shape
-        keep = self.keys[..., :self._idx, :], self.values[..., :self._idx, :]
-        self.keys = mx.concatenate([keep[0], mx.zeros((B, H, grow, D), self.keys.dtype)], 2)
-        self.values = mx.concatenate(
-            [keep[1], mx.zeros((B, H, grow, self.values.shape[3]), self.values.dtype)], 2)
+        self._regrow((self.step + n - 1) // self.step * self.step)
 
     def on_grid(self, n: int) -> None:
         """Make the buffer a whole number of `step` slots with room for n more tokens, as
@@ -47,8 +42,11 @@ class FullLayout(BatchKVCache):
         size = self.keys.shape[2]
         if size % self.step == 0 and size >= need:
             return
+        self._regrow(need - self._idx)
+
+    def _regrow(self, room: int) -> None:
+        """A new buffer: the slots up to the cursor, then `room` empty ones."""
         B, H, _, D = self.keys.shape
-        room = need - self._idx
         self.keys = mx.concatenate(
             [self.keys[..., :self._idx, :], mx.zeros((B, H, room, D), self.keys.dtype)], 2)
         self.values = mx.concatenate(
