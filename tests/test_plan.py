@@ -81,6 +81,23 @@ def test_openblas_is_used_when_installed(plan):
         assert plan.machine.blas == "reference"
 
 
+def test_mlx_settings_are_set_before_mlx_unless_the_user_set_them():
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import appliance, os; from appliance import _mlx_env; "
+             "print(os.environ['MLX_CUDA_GRAPH_CACHE_SIZE'], "
+             "'MLX_CUDA_GRAPH_CACHE_SIZE' in _mlx_env.without_ours())")
+    env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_GRAPH_CACHE_SIZE"}
+    ours = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert ours == ["4096", "False"]  # set for us; a peer server (mlx_lm) runs without it
+    users = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           check=True, env={**env, "MLX_CUDA_GRAPH_CACHE_SIZE": "7"})
+    assert users.stdout.split() == ["7", "True"]  # the user's value wins and is passed on
+
+
 def test_batch_plan_states_placement_and_budget():
     plan = resolve_overrides([])
     assert plan.batch.mode == "continuous" and plan.batch.max_rows >= 1

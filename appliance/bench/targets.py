@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from appliance import _mlx_env
 from appliance.bench.client import Endpoint
 from appliance.plan import ExecutionPlan
 
@@ -172,7 +173,9 @@ def mlx_lm_server(plan: ExecutionPlan, model_path: Path, log_path: Path, extra: 
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        # (mlx_lm.server at its own defaults: not the MLX settings appliance chose)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=_mlx_env.without_ours())
     try:
         _wait_ready(url, proc, str(model_path), log_path)
         info = {"kind": "mlx_lm", "url": url, "model": str(model_path), "command": cmd,

@@ -1,0 +1,29 @@
+"""MLX settings read from the environment once, when MLX first needs them: set here,
+before anything imports mlx (`appliance/__init__.py`). A value the user set wins.
+
+MLX_CUDA_GRAPH_CACHE_SIZE: MLX's CUDA backend replays each run of ~20 kernels as a CUDA
+graph, kept in an LRU cache by topology, 100 graphs by default. One decode step of a
+16-layer model is ~20 graphs, and each (batch size, buffer length) is a topology of its
+own; under an agent load the batch changes every few steps, so the cache thrashed and most
+steps instantiated their graphs again: decode steps took 12-20 ms, against 5-9 ms for the
+same batch alone (H200, 1B shape; docs/benchmarks.md, 13th session).
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULTS = {"MLX_CUDA_GRAPH_CACHE_SIZE": "4096"}
+
+#: The variables this module set (not the user): a peer server we start runs without them.
+SET_HERE = tuple(k for k in DEFAULTS if k not in os.environ)
+
+
+def apply() -> None:
+    for key in SET_HERE:
+        os.environ[key] = DEFAULTS[key]
+
+
+def without_ours() -> dict[str, str]:
+    """This process's environment minus what `apply` set (for a peer's own defaults)."""
+    return {k: v for k, v in os.environ.items() if k not in SET_HERE}
