@@ -89,7 +89,7 @@ def test_mlx_settings_are_set_before_mlx_unless_the_user_set_them():
     probe = ("import appliance, os; from appliance import _mlx_env; "
              "print(os.environ['MLX_CUDA_GRAPH_CACHE_SIZE'], "
              "'MLX_CUDA_GRAPH_CACHE_SIZE' in _mlx_env.without_ours())")
-    env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_GRAPH_CACHE_SIZE"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
     ours = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                           text=True, check=True).stdout.split()
     assert ours == ["4096", "False"]  # set for us; a peer server (mlx_lm) runs without it
