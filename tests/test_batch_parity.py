@@ -71,14 +71,15 @@ def test_cuda_shape_policy_matches_batch_generator(loaded, schedule, prefill_row
                                                    monkeypatch):
     """On CUDA, decode steps and prefill passes of several rows attend over whole KV
     buffers (unwritten slots masked) and prefill chunks are right-padded to a few widths
-    (`prefill_width`), so MLX's attention sees few shapes; a lone row's prefill attends
-    with the fused kernel over its exact keys. The same arithmetic, run here, gives
-    BatchGenerator's tokens (and the goldens' where they apply)."""
+    (`engine/prefill.py` `prefill_width`), so MLX's attention sees few shapes; a lone
+    row's prefill attends with the fused kernel over its exact keys. The same arithmetic,
+    run here, gives BatchGenerator's tokens (and the goldens' where they apply)."""
+    from appliance.engine import prefill as prefill_mod
     from appliance.engine import rows as rows_mod
     from appliance.engine import step as step_mod
     from appliance.engine.kv.native import FullLayout
 
-    for mod in (rows_mod, step_mod):
+    for mod in (rows_mod, step_mod, prefill_mod):
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
     masks = []
     make_mask = FullLayout.make_mask

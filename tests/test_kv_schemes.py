@@ -147,9 +147,10 @@ def test_rows_below_kv_start_in_a_batch_equal_native(tiny, schedule, monkeypatch
 @pytest.mark.parametrize("name", list(CODECS))
 def test_cuda_shape_policy_gives_the_same_tokens(tiny, name, layers, monkeypatch):
     """On CUDA, prefill chunks of rows prefilled together are right-padded to a few widths
-    and native layers attend over whole buffers (engine/step.py `prefill_width`), and a
+    and native layers attend over whole buffers (engine/prefill.py `prefill_width`), and a
     lone row's prefill takes the fused ("causal") kernel, encoded layers' too (their
     prefill attends over float keys); quantized rows keep their tokens."""
+    from appliance.engine import prefill as prefill_mod
     from appliance.engine import rows as rows_mod
     from appliance.engine import step as step_mod
     from appliance.engine.kv.native import FullLayout
@@ -158,7 +159,7 @@ def test_cuda_shape_policy_gives_the_same_tokens(tiny, name, layers, monkeypatch
     model, tok, prompts = tiny
     which = (2, 3) if layers == "some" else ALL_LAYERS
     plain = _run(model, tok, prompts, "dynamic", Scheme(CODECS[name](), which))
-    for mod in (rows_mod, step_mod):
+    for mod in (rows_mod, step_mod, prefill_mod):
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
     masks = []  # the model builds one mask, from its first layer's layout
     first = FullLayout if layers == "some" else QuantLayout

@@ -233,13 +233,13 @@ def test_a_lone_rows_pass_runs_past_its_checkpoints(loaded, monkeypatch):
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from appliance.engine.step import BatchStep
+    from appliance.engine.prefill import Prefill
 
     name, model, tok = loaded
     s, busy, req = _two_rows(model, tok)
     passes = []
-    run = BatchStep._prefill_chunk
-    monkeypatch.setattr(BatchStep, "_prefill_chunk", lambda self, chunks: (
+    run = Prefill.run
+    monkeypatch.setattr(Prefill, "run", lambda self, chunks: (
         passes.append([len(c) for c in chunks]) if any(chunks) else None, run(self, chunks))[1])
     rows = {"busy": Collector(busy), "r": Collector(req)}
     drive(s, [(0, "insert", "busy"), (3, "insert", "r")], rows)
@@ -275,6 +275,7 @@ def test_a_lone_rows_pass_on_the_cuda_grid_is_token_exact(loaded, monkeypatch):
     of GRID (its cache steps back, the tokens in between are fed again), right-padded to
     `prefill_width` over a whole-step buffer, its padding trimmed after. Tokens equal the
     exact-shape path's, on a prefix hit that ends off the grid."""
+    from appliance.engine import prefill as prefill_mod
     from appliance.engine import rows as rows_mod
     from appliance.engine import step as step_mod
 
@@ -285,20 +286,20 @@ def test_a_lone_rows_pass_on_the_cuda_grid_is_token_exact(loaded, monkeypatch):
     want = {}
     for row, r in (("busy", busy), ("r", req), ("hit", hit)):
         want[row] = _cold(model, tok, r)
-    for mod in (rows_mod, step_mod):
+    for mod in (rows_mod, step_mod, prefill_mod):
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
-    monkeypatch.setattr(step_mod, "GRID", 16)
+    monkeypatch.setattr(prefill_mod, "GRID", 16)
     fed = []
-    grid_pass = step_mod.BatchStep._grid_pass
+    grid_pass = prefill_mod.Prefill._grid_pass
 
     def record(self, chunk):
-        start = len(self._prefill.tokens[0]) - len(chunk)
+        start = len(self.batch.tokens[0]) - len(chunk)
         fed.append((start - start % 16, len(chunk) + start % 16))
         grid_pass(self, chunk)
-        assert all(c.keys.shape[2] % c.step == 0 and c._idx == len(self._prefill.tokens[0])
-                   for c in self._prefill.layers)
+        assert all(c.keys.shape[2] % c.step == 0 and c._idx == len(self.batch.tokens[0])
+                   for c in self.batch.layers)
 
-    monkeypatch.setattr(step_mod.BatchStep, "_grid_pass", record)
+    monkeypatch.setattr(prefill_mod.Prefill, "_grid_pass", record)
     s, _, _ = _two_rows(model, tok)
     rows = {n: Collector(r) for n, r in (("busy", busy), ("r", req), ("hit", hit))}
     drive(s, [(0, "insert", "busy"), (3, "insert", "r"), (12, "insert", "hit")], rows)

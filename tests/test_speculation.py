@@ -214,14 +214,14 @@ def test_cuda_verify_attention_beside_encoded_layers_is_token_exact(start, monke
     length then changes every step, so MLX would build a cuDNN graph every step) and, at
     kv.start 40, a split layer's native rows. The same arithmetic, run here, is token-exact
     with draft=none."""
+    from appliance.engine import prefill, step, verify
     from appliance.engine import rows as rows_mod
-    from appliance.engine import step, verify
     from appliance.engine.kv import quantized
     from appliance.engine.speculate import drafters
 
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
     plain, _ = run(model, tok, "dynamic", scheme=Scheme(TurboCodec(64, 4, 4), (2, 3), start))
-    for mod in (drafters, verify, step, rows_mod):
+    for mod in (drafters, verify, step, rows_mod, prefill):
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
     calls, attend = [], quantized.DENSE.attend
     monkeypatch.setattr(quantized.DENSE, "attend",
@@ -239,14 +239,14 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch):
     """On CUDA, verify passes attend over whole KV buffers and feed every row k + 1 tokens
     (one shape per batch size: MLX compiles per shape there). The same arithmetic, run here
     on CPU, is token-exact with draft=none."""
-    from appliance.engine import rows, step, verify
+    from appliance.engine import prefill, rows, step, verify
     from appliance.engine.speculate import drafters
 
     name, model, tok = loaded
     if drafter == "mtp" and name == "tiny-gemma3":
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     plain, _ = run(model, tok, "dynamic")
-    for mod in (drafters, verify, step, rows):  # each module that reads it (imported by name)
+    for mod in (drafters, verify, step, rows, prefill):  # each that reads it (by name)
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
     mx.random.seed(0)
     draft = ((Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), Control(4))
@@ -266,7 +266,7 @@ def test_compiled_verify_passes_are_token_exact(loaded, schedule, drafter, shape
     """Verify passes as one compiled graph (fixed shapes over whole buffers: models whose
     layers are all full attention; the others, and batches with masked slots, run
     uncompiled) give draft=none's tokens, alone and with CUDA's shape policy."""
-    from appliance.engine import rows, step, verify
+    from appliance.engine import prefill, rows, step, verify
     from appliance.engine.compiled import CompiledDecode
     from appliance.engine.speculate import drafters
 
@@ -275,7 +275,7 @@ def test_compiled_verify_passes_are_token_exact(loaded, schedule, drafter, shape
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     plain, _ = run(model, tok, schedule)
     if shape_policy:
-        for mod in (drafters, verify, step, rows):
+        for mod in (drafters, verify, step, rows, prefill):
             monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
     passes = []
     forward = CompiledDecode.forward
@@ -304,7 +304,7 @@ def test_proposing_before_the_pending_token_is_read_is_token_exact(loaded, sched
     a row whose pending token differs from the proposal's guess keeps no drafts (the
     scripted proposer guesses wrong one time in five). draft=none's tokens, also with
     CUDA's shape policy and compiled verify passes (`cuda`)."""
-    from appliance.engine import rows, step, verify
+    from appliance.engine import prefill, rows, step, verify
     from appliance.engine.speculate import drafters
 
     name, model, tok = loaded
@@ -313,7 +313,7 @@ def test_proposing_before_the_pending_token_is_read_is_token_exact(loaded, sched
     plain, _ = run(model, tok, schedule)
     monkeypatch.setattr(step, "AHEAD", True)
     if cuda:
-        for mod in (drafters, verify, step, rows):
+        for mod in (drafters, verify, step, rows, prefill):
             monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
     cls = LookupDrafter if drafter == "lookup" else Scripted
     calls = []

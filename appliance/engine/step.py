@@ -10,10 +10,7 @@ with it at the same B):
 2. rows whose prompt is down to its last token start decoding: that token's first
    forward runs over their own cache, which then joins the running rows;
 3. one chunk of at most `prefill_chunk` prompt tokens for the rows being prefilled
-   (`prefill_rows` prompts together, right-padded, then rolled back to left padding). It
-   stops at each checkpoint (where the prefix cache takes the row's KV), except a lone
-   native row's, which runs on and has each checkpoint sliced from its cache; on CUDA that
-   row's pass starts on a grid so its shapes recur (`_grid_pass`).
+   (`prefill_rows` prompts together; how chunks are cut and fed: `appliance/engine/prefill.py`).
 
 With a drafter (`appliance/engine/speculate/`), step 1 becomes a verify step when rows
 have proposals (`appliance/engine/verify.py`): each row feeds its pending token plus its own
@@ -29,7 +26,6 @@ the row caches they are built from (`make_cache`), and per-row rollback (`rollba
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -39,39 +35,15 @@ from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
-from appliance.engine.kv.native import FullLayout, causal, fusable, whole_buffers
-from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
+from appliance.engine.prefill import Prefill, PromptEvent, observe
+from appliance.engine.rows import _Decoding
 from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
 from appliance.engine.verify import compact_holes
-from appliance.plan.derive import GRID  # a lone row's fused pass starts on it (CUDA)
 
 # Propose before reading the pending tokens where reading them stalls a pipeline that pays:
 # a launch-bound device (CUDA) rather than a compute-bound CPU (docs/speculation.md).
 AHEAD = WHOLE_BUFFER
-
-
-def prefill_width(n: int) -> int:
-    """The tokens per row a prefill pass of n feeds on CUDA (right-padded): a power of two
-    up to 256, then a multiple of 256. MLX's CUDA attention (cuDNN) builds a graph for
-    every new (query length, key length) pair, ~50 ms each (measured on an H200 for verify
-    passes), and every prefix hit's tail had a new pair. With these widths, and keys
-    spanning whole buffers (a multiple of 256 slots), fewer shapes recur and their graphs
-    are reused."""
-    if n <= 256:
-        return max(16, 1 << (n - 1).bit_length())
-    return -(-n // 256) * 256
-
-
-@dataclass
-class PromptEvent:
-    """A prefill chunk ran for `uid`; `end_of_segment`: it ended one of its segments (a
-    checkpoint: the prefix cache may take the row's first `at` tokens now)."""
-
-    uid: int
-    end_of_segment: bool
-    end_of_prompt: bool
-    at: int = 0  # the tokens in the row's KV at this event
 
 
 @dataclass
@@ -116,8 +88,6 @@ class BatchStep:
         self.scheme = scheme or Scheme()
         self._uids = 0
         self._waiting: deque[_Seq] = deque()
-        self._prefill = _Batch()
-        self._segments: list[list[list[int]]] = []  # per prefilling row: what is left
         self._decode = _Decoding()
         self._steps = 0
         self.drafter, self.control = drafter, control
@@ -128,6 +98,7 @@ class BatchStep:
             self._compiled = None  # (the drafter reads them: the traced step has none)
         self._verify_compiled = CompiledDecode(self.model) \
             if compile_verify and drafter is not None else None
+        self._prefill = Prefill(self.model, self.scheme, prefill_chunk, drafter)
         self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
         self.spec_ticks = 0  # decode steps that verified proposals
         self._before: bool | None = None  # the last decode step: speculative, plain, or
@@ -137,12 +108,7 @@ class BatchStep:
         self._plain_mode = False  # the control chose a plain step for this batch size
 
     def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
-        """Tell an MTP drafter what the model just fed each row, with its hidden states."""
-        if isinstance(self.model, Tapped):
-            self.drafter.observe(uids, fed, self.model.hidden)
-
-    def _hidden(self) -> list:
-        return [self.model.hidden] if isinstance(self.model, Tapped) else []
+        observe(self.model, self.drafter, uids, fed)
 
     # -- rows in --------------------------------------------------------------------
     def insert(self, segments: list[list[int]], max_tokens: int, sampler, processors=(),
@@ -187,140 +153,21 @@ class BatchStep:
         n = min(self.prefill_rows - len(self._prefill), self.max_rows - len(self._decode),
                 len(self._waiting))
         if n > 0:
-            self._admit(n)
+            self._prefill.admit([self._waiting.popleft() for _ in range(n)], self.model_layers)
         prompt_events: list[PromptEvent] = []
-        ready = [i for i, segs in enumerate(self._segments) if len(segs) == 1
-                 and len(segs[0]) == 1]
+        ready = self._prefill.ready()
         if ready:
             self._start_decoding(ready)
             prompt_events += [PromptEvent(u, True, True) for u in self._decode.uids[-len(ready):]]
-        chunks = []
-        across = self._lone_native()
-        for i, segs in enumerate(self._segments):
-            uid, start = self._prefill.uids[i], len(self._prefill.tokens[i])
-            room = self.scheme.chunk_limit(start, self.prefill_chunk)
-            chunk, end = [], False
-            # A lone native row's chunk runs on past its checkpoints (each is sliced from
-            # its cache afterwards), not up to the last prompt token (the decode step's)
-            while room > 0 and (not chunk or (across and len(segs) > 1)):
-                take = segs[0][:room]
-                chunk += take
-                room -= len(take)
-                segs[0] = segs[0][len(take):]
-                end = not segs[0]
-                if not end:
-                    break
-                segs.pop(0)
-                prompt_events.append(PromptEvent(uid, True, False, start + len(chunk)))
-            if not end:
-                prompt_events.append(PromptEvent(uid, False, False, start + len(chunk)))
-            chunks.append(chunk)
-        self._prefill_chunk(chunks)
+        chunks, cut = self._prefill.cut()
+        prompt_events += cut
+        self._prefill.run(chunks)
         self._quiet = not (n > 0 or ready or any(chunks))  # the next step's time is its own
         return prompt_events, events
 
-    def _admit(self, n: int) -> None:
-        new = [self._waiting.popleft() for _ in range(n)]
-        n_model = self.model_layers
-        batch = _Batch([s.uid for s in new], self.scheme.merge([s.cache[:n_model] for s in new]),
-                       [s.tokens for s in new], [s.sampler for s in new],
-                       [s.processors for s in new], [s.max_tokens for s in new],
-                       [s.params for s in new],
-                       Scheme().merge([s.cache[n_model:] for s in new])
-                       if len(new[0].cache) > n_model else [])
-        self._prefill.extend(batch)
-        self._segments += [s.segments for s in new]
-
-    def _lone_native(self) -> bool:
-        """One row prefilling, every layer a native full-attention layout without holes,
-        and nothing beside the model (a drafter's layers or hidden states): its pass may
-        run past checkpoints, and on CUDA start on the grid (`_grid_pass`)."""
-        return (len(self._prefill) == 1 and not self._prefill.extra
-                and not isinstance(self.model, Tapped)
-                and all(type(c) is FullLayout and c._holes is None
-                        for c in self._prefill.layers))
-
-    def _grid_pass(self, chunk: list[int]) -> None:
-        """A lone native row's fused pass on CUDA, in shapes that recur: MLX's CUDA
-        attention builds a cuDNN graph for every (query length, key length, buffer) it
-        meets, ~40 ms each, and the rest of a pass at a new length costs as much again
-        (measured on an H200, 1B shape: ~90 ms a new-shape tail pass against ~9 ms once
-        seen; a 16-agent run met ~30 of them). So the pass starts at the multiple of GRID
-        below the row's end (the cache steps back, the tokens in between are fed again:
-        the same keys), is right-padded to `prefill_width`, over a buffer of whole
-        `step`s, and its padding is trimmed after. The padding comes after every real
-        token, so causal attention keeps it out of theirs."""
-        layers, tokens = self._prefill.layers, self._prefill.tokens[0]
-        start = len(tokens) - len(chunk)
-        back = start % GRID
-        fed = tokens[start - back:]
-        width = prefill_width(len(fed))
-        for c in layers:
-            c.trim(back)
-            c.on_grid(width)
-        with causal(layers, True):
-            self.model(mx.array([fed + [0] * (width - len(fed))]), cache=layers)
-        for c in layers:
-            c.trim(width - len(fed))
-        mx.eval([c.state for c in layers])
-
-    def _prefill_chunk(self, chunks: list[list[int]]) -> None:
-        """Run one chunk per prefilling row (right-padded when uneven, then re-aligned)."""
-        if not chunks:
-            return
-        for row, c in zip(self._prefill.tokens, chunks, strict=True):
-            row += c
-        lengths = [len(c) for c in chunks]
-        fused = WHOLE_BUFFER and fusable(self._prefill.layers, len(self._prefill))
-        if fused and self._lone_native():
-            self._grid_pass(chunks[0])
-        else:
-            self._padded_pass(chunks, lengths, fused)
-        if max(lengths) >= self.prefill_chunk:
-            # Free a whole chunk's activations, as generate_step does; not a short tail's
-            # (most chunks under an agent load, after a prefix hit): on CUDA this syncs the
-            # device and empties MLX's buffer pool, which the next steps then refill.
-            # MLX's cache limit (the plan's buffer_cache_bytes) bounds the pool meanwhile.
-            mx.clear_cache()
-
-    def _padded_pass(self, chunks: list[list[int]], lengths: list[int], fused: bool) -> None:
-        width = prefill_width(max(lengths)) if WHOLE_BUFFER and not fused else max(lengths)
-        pad = [width - n for n in lengths]
-        if max(pad) > 0:
-            x = mx.array([c + [0] * p for c, p in zip(chunks, pad, strict=True)])
-            for c in self._prefill.layers:
-                c.prepare(lengths=lengths, right_padding=pad)
-        else:
-            x = mx.array(chunks)
-        with whole_buffers(self._prefill.layers, width, WHOLE_BUFFER and not fused), \
-                causal(self._prefill.layers, fused):
-            self.model(x, cache=self._prefill.layers)
-        self._observe(self._prefill.uids, chunks)
-        mx.eval([c.state for c in self._prefill.layers], self._hidden())
-        if self._prefill.extra:  # a draft model or MTP head prefills beside the model
-            self.drafter.prefill(self._prefill, chunks)
-        if max(pad) > 0:
-            for c in self._prefill.layers:
-                c.finalize()
-            mx.eval([c.state for c in self._prefill.layers])
-
     def _start_decoding(self, ready: list[int]) -> None:
         """Rows whose prompt is down to its last token: feed it, then join the running rows."""
-        rest = [i for i in range(len(self._prefill)) if i not in ready]
-        last = [self._segments[i][0][0] for i in ready]
-        rows = _Decoding()
-        for name in ROW_LISTS:
-            setattr(rows, name, [getattr(self._prefill, name)[i] for i in ready])
-        if rest:
-            rows.layers = copy.deepcopy(self._prefill.layers)
-            rows.extra = copy.deepcopy(self._prefill.extra)
-            self._prefill.filter(rest)
-        else:
-            rows.layers, rows.extra, self._prefill = self._prefill.layers, self._prefill.extra, \
-                _Batch()
-        for c in rows.layers + rows.extra:
-            c.filter(ready)  # also drops the padding the ready rows share, as mlx-lm does
-        self._segments = [self._segments[i] for i in rest]
+        rows, last = self._prefill.take(ready)
         rows.next_tokens = mx.array(last)
         rows.context = [TokenBuffer(t) for t in rows.tokens]
         rows.generated = [0] * len(ready)
@@ -425,7 +272,7 @@ class BatchStep:
 
     # -- rows out -------------------------------------------------------------------
     def _where(self, uid: int) -> tuple[str, int]:
-        for stage, batch in (("decode", self._decode), ("prefill", self._prefill)):
+        for stage, batch in (("decode", self._decode), ("prefill", self._prefill.batch)):
             if uid in batch.uids:
                 return stage, batch.uids.index(uid)
         for i, s in enumerate(self._waiting):
@@ -440,7 +287,7 @@ class BatchStep:
         if stage == "waiting":
             s = self._waiting[i]
             return s.cache, s.tokens
-        batch = self._decode if stage == "decode" else self._prefill
+        batch = self._decode if stage == "decode" else self._prefill.batch
         if upto is None or upto == len(batch.tokens[i]):
             return batch.extract(i), batch.tokens[i]
         return [c.extract(i, upto) for c in batch.layers], batch.tokens[i][:upto]
@@ -450,14 +297,13 @@ class BatchStep:
         if stage == "waiting":
             del self._waiting[i]
             return
-        batch = self._decode if stage == "decode" else self._prefill
         if self.drafter is not None:
             self.drafter.forget(uid)
             self.control.forget(uid)
-        keep = [j for j in range(len(batch)) if j != i]
-        batch.filter(keep)
         if stage == "prefill":
-            self._segments = [self._segments[j] for j in keep]
+            self._prefill.remove(i)
+        else:
+            self._decode.filter([j for j in range(len(self._decode)) if j != i])
 
     def rollback(self, uid: int, n: int) -> None:
         """Drop the last `n` tokens of a decoding row from its KV (rejected draft tokens)."""
@@ -472,7 +318,7 @@ class BatchStep:
     def nbytes(self) -> int:
         """KV bytes held by every row (waiting rows' caches included)."""
         return (sum(c.nbytes for s in self._waiting for c in s.cache)
-                + self._prefill.nbytes + self._decode.nbytes)
+                + self._prefill.batch.nbytes + self._decode.nbytes)
 
     def __len__(self) -> int:
         return len(self._waiting) + len(self._prefill) + len(self._decode)
