@@ -755,40 +755,6 @@ def test_compacting_the_masked_slots_after_every_verify_is_token_exact(schedule,
         assert spec[r].tokens == plain[r].tokens, r
 
 
-def test_plain_steps_the_control_chose_carry_no_holes(monkeypatch):
-    """On CPU, once the control chooses plain steps, the rows are gathered right-aligned
-    first: the masked slots its verify steps left would widen every later step. Tokens
-    equal draft=none's."""
-    from appliance.engine import rows as rows_mod
-    from appliance.engine import step as step_mod
-
-    monkeypatch.setattr(step_mod, "WHOLE_BUFFER", False)  # (the CPU policy, on any backend)
-    model, tok = oracle.load(oracle.model_path("tiny"), "float32")
-    plain, _ = run(model, tok, "static-4")
-    script = [True] * 6 + [False] * 400
-
-    class Scripted_(Control):
-        def speculate(self, rows):
-            return script.pop(0) if script else False
-
-    carried = []
-    step = rows_mod._Decoding.step
-    monkeypatch.setattr(rows_mod._Decoding, "step", lambda self, *a, **k: (
-        carried.append(any(getattr(c, "_holes", None) is not None for c in self.layers)),
-        step(self, *a, **k))[1])
-    holes = []
-    mask_tails = FullLayout.mask_tails
-    monkeypatch.setattr(FullLayout, "mask_tails", lambda self, counts: (
-        holes.append(any(counts)), mask_tails(self, counts))[1])
-    draft = (Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}),
-             Scripted_(4, adaptive=False))
-    spec, s = run(model, tok, "static-4", draft)
-    assert s._batch.spec_ticks > 0 and any(holes)  # verify steps left masked slots
-    assert carried and not any(carried)  # ...and no plain step attended over them
-    for r in plain:
-        assert spec[r].tokens == plain[r].tokens, r
-
-
 def test_every_row_may_propose_k_where_a_verify_pass_feeds_k_plus_one_anyway():
     """On CUDA every row of a verify pass is fed k + 1 tokens (one shape per batch size):
     a shorter proposal saves nothing there, so a row's budget stays k whatever its

@@ -39,7 +39,6 @@ from appliance.engine.prefill import Prefill, PromptEvent, observe
 from appliance.engine.rows import _Decoding
 from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
-from appliance.engine.verify import compact_holes
 
 # Propose before reading the pending tokens where reading them stalls a pipeline that pays:
 # a launch-bound device (CUDA) rather than a compute-bound CPU (docs/speculation.md).
@@ -105,7 +104,6 @@ class BatchStep:
         # (None) one that asked for drafts and found none
         self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
         self._asked = False  # this step read the pending tokens for drafts and found none
-        self._plain_mode = False  # the control chose a plain step for this batch size
 
     def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
         observe(self.model, self.drafter, uids, fed)
@@ -181,8 +179,6 @@ class BatchStep:
         emitted = self._speculate() if self.drafter is not None else None
         spec = emitted is not None
         if not spec:
-            if self._plain_mode and not WHOLE_BUFFER:  # the control chose plain steps:
-                compact_holes(d.layers)  # not over its verify steps' holes (why: there)
             toks, logprobs = d.step(self.model, self._compiled)
             self._observe(d.uids, [[t] for t in toks])
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
@@ -226,8 +222,7 @@ class BatchStep:
         the control measured plain steps faster at this batch size): then a plain step."""
         d, ctl = self._decode, self.control
         rows = len(d)
-        self._plain_mode = not ctl.speculate(rows)
-        if self._plain_mode:
+        if not ctl.speculate(rows):
             return None
         # Right after a plain step the pending tokens are still being computed: a drafter
         # that can propose from the tokens before them does, so asking waits for nothing

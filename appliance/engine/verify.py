@@ -22,18 +22,6 @@ from appliance.engine.speculate import WHOLE_BUFFER, accept_deterministic, accep
 COMPACT_AT = 0.25
 
 
-def compact_holes(layers: list, above: float | None = None) -> None:
-    """Gather the rows right-aligned again where their holes are over `above` of the slots
-    (None: any hole). `step.BatchStep` compacts before plain steps on CPU: measured at
-    B=16 (2-core CPU, lookup, free code), 11 verify steps in ~400 left 4.7% of the slots
-    masked, and every later plain step attended over 825 slots against 782 without."""
-    full = [c for c in layers if isinstance(c, FullLayout) and c._holes is not None]
-    if full and (above is None or full[0].holes_share() > above):
-        plan = full[0].compaction(grid=WHOLE_BUFFER)
-        for c in full:
-            c.compact(plan)
-
-
 class Verifying:
     """The verify pass of the running rows (`rows._Decoding` mixes it in, beside its plain
     decode step): it reads and advances the rows' layers, tokens, samplers, processors,
@@ -181,4 +169,8 @@ class Verifying:
         holes = not any(hasattr(c, "decode_like") for c in self.layers)  # all native
         for c in self.layers:
             drop_tails(c, [width - len(k) for k in kept], holes)
-        compact_holes(self.layers, COMPACT_AT)
+        full = [c for c in self.layers if isinstance(c, FullLayout) and c._holes is not None]
+        if full and full[0].holes_share() > COMPACT_AT:
+            plan = full[0].compaction()
+            for c in full:
+                c.compact(plan)

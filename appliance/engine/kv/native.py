@@ -90,17 +90,14 @@ class FullLayout(BatchKVCache):
         pad, h = int(self.left_padding[i].item()), _width(self._holes, self._idx)[i].tolist()
         return [p for p in range(pad, self._idx) if not h[p]]
 
-    def compaction(self, grid: bool = True) -> tuple[mx.array, list[int]] | None:
+    def compaction(self) -> tuple[mx.array, list[int]] | None:
         """Where every row's held slots go to sit right-aligned again: a gather index
-        (rows, width) and the rows' new left padding; width is the longest row's, rounded
-        up to a whole number of `step` slots where `grid` (the CUDA shape policy's; on CPU
-        every slot more is attended by every later step). None without holes."""
+        (rows, width) and the rows' new left padding; width is a whole number of `step`
+        slots (the CUDA shape policy's grid). None without holes."""
         if self._holes is None:
             return None
         held = [self._held(i) for i in range(self.left_padding.shape[0])]
-        width = max(map(len, held))
-        if grid:
-            width = -(-width // self.step) * self.step
+        width = -(-max(map(len, held)) // self.step) * self.step
         return (mx.array([[0] * (width - len(k)) + k for k in held]),
                 [width - len(k) for k in held])
 
