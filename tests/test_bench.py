@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,7 @@ def test_fleet_against_self(cpu_plan, tmp_path):
     assert label["machine"]["backend"] == plan.machine.backend
     assert label["model"]["parameters"] == plan.model.parameters
     assert set(label["versions"]) >= {"mlx", "mlx-lm"} and label["versions"]["mlx"]
+    assert label["mlx_env"]["MLX_CUDA_GRAPH_CACHE_SIZE"] == os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"]
     assert label["batch"] == {"mode": plan.batch.mode, "max_rows": plan.batch.max_rows,
                               "prefill_chunk": plan.batch.prefill_chunk}
     assert label["bench"]["clients"] == 3 and label["bench"]["max_tokens"] == 8
