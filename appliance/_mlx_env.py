@@ -32,6 +32,13 @@ def apply() -> None:
         os.environ[key] = DEFAULTS[key]
 
 
+def undo() -> None:
+    """Drop what `apply` set, before MLX reads it: for a peer server started through
+    `import appliance` (bench/targets.py), which runs at MLX's own defaults."""
+    for key in SET_HERE:
+        os.environ.pop(key, None)
+
+
 def without_ours() -> dict[str, str]:
     """This process's environment minus what `apply` set (for a peer's own defaults)."""
     return {k: v for k, v in os.environ.items() if k not in SET_HERE}

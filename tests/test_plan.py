@@ -96,6 +96,15 @@ def test_mlx_settings_are_set_before_mlx_unless_the_user_set_them():
     users = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                            check=True, env={**env, "MLX_CUDA_GRAPH_CACHE_SIZE": "7"})
     assert users.stdout.split() == ["7", "True"]  # the user's value wins and is passed on
+    # mlx_lm.server, started by the bench through `import appliance`, runs without ours
+    from appliance.bench.targets import BOOT
+
+    peer = BOOT + "import os; print(os.environ.get('MLX_CUDA_GRAPH_CACHE_SIZE'))"
+    assert subprocess.run([sys.executable, "-c", peer], env=env, capture_output=True,
+                          text=True, check=True).stdout.split() == ["None"]
+    assert subprocess.run([sys.executable, "-c", peer], capture_output=True, text=True,
+                          check=True, env={**env, "MLX_CUDA_GRAPH_CACHE_SIZE": "7"}
+                          ).stdout.split() == ["7"]
 
 
 def test_batch_plan_states_placement_and_budget():

@@ -135,6 +135,10 @@ def _server_flags() -> str:
 MATCHED = ("--decode-concurrency", "--prompt-concurrency", "--prefill-step-size")
 
 
+# What mlx_lm.server runs first: appliance's BLAS, not its MLX settings (appliance/_mlx_env.py)
+BOOT = "import appliance, runpy; appliance._mlx_env.undo(); "
+
+
 def mlx_lm_command(plan: ExecutionPlan, model_path: Path, port: int, extra: str = "",
                    matched: tuple[str, ...] = MATCHED) -> list[str]:
     """mlx_lm.server with this plan's batch width and prefill chunk, where it has the flags
@@ -142,10 +146,10 @@ def mlx_lm_command(plan: ExecutionPlan, model_path: Path, port: int, extra: str 
 
     It is started through `import appliance` so it binds the same BLAS as the
     appliance does (appliance/_blas.py); otherwise Linux CPU runs would compare
-    OpenBLAS against the reference BLAS.
+    OpenBLAS against the reference BLAS. The MLX settings appliance chose are dropped
+    (`BOOT`; and the process starts without the bench's own: `mlx_lm_server`).
     """
-    boot = ("import appliance, runpy; "
-            "runpy.run_module('mlx_lm.server', run_name='__main__', alter_sys=True)")
+    boot = BOOT + "runpy.run_module('mlx_lm.server', run_name='__main__', alter_sys=True)"
     cmd = [sys.executable, "-c", boot, "--model", str(model_path), "--host", "127.0.0.1",
            "--port", str(port), "--log-level", "WARNING"]
     help_text, b = _server_flags(), plan.batch
