@@ -101,6 +101,42 @@ def test_cuda_shape_policy_matches_batch_generator(loaded, schedule, prefill_row
         assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
 
 
+@pytest.mark.parametrize("compile_step", [False, True])
+@pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
+def test_attention_split_over_threads_matches_batch_generator(loaded, schedule, compile_step,
+                                                              monkeypatch):
+    """batch.attention_threads=2 (engine/kv/cores.py): attention split by kv head over two
+    CPU streams, here at every size (MIN_SCORES=1, MIN_PREFILL=2: prefill passes too), gives
+    BatchGenerator's tokens and the goldens'; the oracle itself runs unsplit (the setting is
+    per thread)."""
+    from appliance.engine.kv import cores
+
+    name, model, tok = loaded
+    heads = []
+    fused = cores._fused
+    monkeypatch.setattr(cores, "_fused", lambda q, *a, **kw: heads.append(q.shape[1])
+                        or fused(q, *a, **kw))
+    monkeypatch.setattr(cores, "MIN_SCORES", 1)
+    monkeypatch.setattr(cores, "MIN_PREFILL", 2)  # prefill passes split too
+    sch = oracle.BATCH_SCHEDULES[schedule]
+    prompts = oracle.batch_prompts(tok)
+    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
+            for _, _, r in sch["events"]}
+    cores.use(2)
+    try:
+        drive(_scheduler(model, tok, sch["max_rows"], compile_step=compile_step),
+              sch["events"], rows)
+    finally:
+        cores.use(1)
+    split = [h for h in heads if h < model.args.num_attention_heads]
+    assert split if model.args.num_key_value_heads > 1 else not split
+    got = {r: c.tokens for r, c in rows.items()}
+    assert got == oracle.run_batch_schedule(model, tok, sch)
+    # the oracle's attention (through the same patched call) was not split
+    assert [h for h in heads if h < model.args.num_attention_heads] == split
+    assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
+
+
 @pytest.mark.parametrize("schedule", ["static-4", "dynamic"])
 def test_prompts_prefilled_together_match_batch_generator(loaded, schedule):
     """batch.prefill_rows=3: waiting prompts share right-padded prefill passes, as mlx-lm's

@@ -8,7 +8,9 @@ import platform
 import pytest
 from conftest import app_for, resolve_overrides
 
-from appliance.plan.derive import Facts, Shape, Workload, derive, ridge_rows
+from appliance.plan.derive import Facts, Shape, Workload, attention_threads, derive, ridge_rows
+from appliance.plan.errors import PlanError
+from appliance.plan.machine import detect
 
 GiB = 1024**3
 KNOBS = ("batch.max_rows", "batch.prefill_chunk", "batch.kv_budget", "cache.ram.bytes",
@@ -46,6 +48,27 @@ def test_explicit_values_win():
     assert plan.batch.kv_budget_bytes == 64 * 1024**2 and plan.cache.ram_bytes == 100 * 1024**2
     assert plan.server.max_context == 1024 and plan.model.dtype == "bfloat16"
     assert not set(KNOBS) & set(plan.derived) and "model.dtype" not in plan.derived
+
+
+def test_attention_threads_follow_the_cpu_cores_and_kv_heads():
+    """CPU: the cores, at most the kv heads (attention splits by kv head); a GPU: 1. An
+    explicit value wins where it can be honored and is refused, naming the valid choices,
+    where it cannot."""
+    assert [attention_threads(None, "cpu", c, h)[0] for c, h in ((2, 2), (16, 8), (1, 8))] \
+        == [2, 8, 1]
+    n, why, problem = attention_threads(None, "cuda", 16, 8)
+    assert n == 1 and "device" in why and problem is None
+    assert attention_threads(1, "cuda", 16, 8)[::2] == (1, None)
+    assert "valid choices: auto, 1" in attention_threads(2, "metal", 8, 8)[2]
+    assert "valid choices: auto, 1..2" in attention_threads(4, "cpu", 8, 2)[2]
+    assert attention_threads(2, "cpu", 1, 4)[::2] == (2, None)  # set: more than the cores
+    assert resolve_overrides(["batch.attention_threads=1"]).batch.attention_threads == 1
+    auto = resolve_overrides([])
+    if auto.machine.backend == "cpu":
+        assert auto.batch.attention_threads == min(detect().cpu_cores, auto.model.num_kv_heads)
+        assert "kv head" in auto.derived["batch.attention_threads"]
+    with pytest.raises(PlanError, match="batch.attention_threads=64 exceeds"):
+        resolve_overrides(["batch.attention_threads=64"])
 
 
 @pytest.mark.skipif(not LINUX_CPU, reason="the float32 default is Linux CPU's")

@@ -186,12 +186,13 @@ def batched_decode(model, plan: ExecutionPlan, rows: int, context: int, n: int, 
     import mlx.core as mx
 
     from appliance.engine.compiled import CompiledDecode
-    from appliance.engine.kv import Scheme
+    from appliance.engine.kv import Scheme, cores
     from appliance.engine.sampling import make_sampler
     from appliance.engine.step import BatchStep
     from appliance.engine.types import SamplingParams
 
     chunk = plan.batch.prefill_chunk
+    cores.use(plan.batch.attention_threads)  # as the engine thread does
     step = BatchStep(model, set(), rows, chunk, Scheme.from_plan(plan.kv),
                      prefill_rows=_prefill_rows(rows, chunk),
                      compiled=CompiledDecode(model) if plan.batch.compile_step else None)

@@ -107,8 +107,9 @@ def _scheduler(model, tokenizer, plan: ExecutionPlan, rows: int, draft):
     from appliance.engine.budget import Budget, KVShape
     from appliance.engine.build import make_drafter
     from appliance.engine.continuous import ContinuousScheduler
-    from appliance.engine.kv import Scheme
+    from appliance.engine.kv import Scheme, cores
 
+    cores.use(plan.batch.attention_threads)  # as the engine thread does
     drafter, control = make_drafter(draft, model, plan.model.dtype, plan.batch.prefill_chunk,
                                     model_dir=_dir(plan))
     budget = Budget(plan.batch.kv_budget_bytes, KVShape.for_plan(plan))
@@ -134,7 +135,7 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
     from appliance.bench.kv import NEVER, _prompts
     from appliance.engine.build import make_drafter
     from appliance.engine.compiled import CompiledDecode
-    from appliance.engine.kv import Scheme
+    from appliance.engine.kv import Scheme, cores
     from appliance.engine.sampling import make_sampler
     from appliance.engine.speculate import WHOLE_BUFFER
     from appliance.engine.step import BatchStep
@@ -143,6 +144,7 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
     drafter, control = make_drafter(plan.draft, model, plan.model.dtype,
                                     plan.batch.prefill_chunk, model_dir=_dir(plan))
     proposes = drafter is not None and drafter.method in ("model", "mtp")
+    cores.use(plan.batch.attention_threads)
     step = BatchStep(model, set(), rows, plan.batch.prefill_chunk, Scheme.from_plan(plan.kv),
                      drafter=drafter if proposes else None, control=control,
                      compiled=CompiledDecode(model) if plan.batch.compile_step else None,

@@ -70,6 +70,8 @@ class BatchConfig:
     # batched decode steps as one compiled graph (engine/compiled.py); off by default: see
     # docs/benchmarks.md "Compiled decode step" for why it does not pay yet
     compile_step: bool = False
+    # CPU threads a decode step's attention is split over, by kv head (engine/kv/cores.py)
+    attention_threads: int | str = "auto"
     kv_budget: str = "auto"  # bytes for live KV: auto (from the machine) or a size, e.g. 4GiB
     max_queue: int = 64  # requests waiting for a row before new ones get 429
 

@@ -74,7 +74,9 @@ def build_engine(plan: ExecutionPlan) -> Engine:
         return runner.load(path, m.dtype, m.revision)
 
     def make_scheduler(model, eos_ids, _stream):  # the engine thread runs on it
-        from appliance.engine.kv import Scheme
+        from appliance.engine.kv import Scheme, cores
+
+        cores.use(b.attention_threads)
 
         budget.shape = KVShape(**{**budget.shape.__dict__, "recurrent": _recurrent_bytes(model)})
         scheme = Scheme.from_plan(plan.kv)

@@ -270,3 +270,31 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
                    ram=size, activations=act, buffer_cache=cache, hit_copy=hit, copies=copies,
                    reasons=why)
 
+
+
+def attention_threads(setting: int | None, backend: str, cores: int,
+                      kv_heads: int | None) -> tuple[int, str, str | None]:
+    """(threads a decode step's attention is split over, why, a problem or None).
+
+    On the CPU backend MLX runs each op on one thread and only BLAS uses every core, so a
+    decode step's attention (mostly softmax over long contexts) leaves the other cores
+    idle; split by kv head over streams it runs on several at once, bit-exact
+    (engine/kv/cores.py). A GPU runs attention on the device: 1 there."""
+    heads = max(1, kv_heads or 1)
+    if backend != "cpu":
+        if setting not in (None, 1):
+            return 1, "", (f"batch.attention_threads={setting} applies to the CPU backend; MLX "
+                           f"runs attention on the {backend} device here; valid choices: auto, 1")
+        return 1, f"attention_threads=1: attention runs on the {backend} device", None
+    if setting is not None:
+        if setting > heads:
+            return 1, "", (f"batch.attention_threads={setting} exceeds the model's {heads} kv "
+                           f"heads (attention splits by kv head); valid choices: auto, "
+                           f"1..{heads}")
+        return setting, f"attention_threads={setting} (set)", None
+    n = max(1, min(cores, heads))
+    return n, (f"attention_threads={n}: MLX's CPU ops run on one thread each, BLAS alone on "
+               f"every core; a decode step's attention split by kv head runs on "
+               f"min({cores} cores, {heads} kv heads) at once, bit-exact (measured on a 2-core "
+               "EPYC: a B=16 step over 2.5k-token rows 56-75 ms on one thread, 35 ms on two); "
+               "encoded KV layers keep their codec's one-thread kernel"), None

@@ -48,6 +48,7 @@ class BatchPlan:
     prefill_chunk: int  # prompt tokens per prefill pass (a running row stalls <= one chunk)
     prefill_rows: int  # prompts prefilled together, right-padded into one pass
     compile_step: bool  # batched decode steps run as one compiled graph where layers allow
+    attention_threads: int  # CPU streams a decode step's attention is split over (by kv head)
     kv_budget_bytes: int  # live KV of all rows together; admission keeps within it
     max_queue: int  # waiting requests before 429
     placement: dict[str, str]  # per layer kind present: how its rows are held

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import _blas
-from appliance.plan.derive import Shape, Workload, derive, machine_facts
+from appliance.plan.derive import Shape, Workload, attention_threads, derive, machine_facts
 from appliance.plan.draft import resolve_draft
 from appliance.plan.errors import PlanError
 from appliance.plan.kv import check_scheme, resolve_kv, rows_per_option
@@ -157,6 +157,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     b = cfg.batch
     chunk_set = _auto_int(problems, "batch.prefill_chunk", b.prefill_chunk)
     rows_set = _auto_int(problems, "batch.max_rows", b.max_rows)
+    threads_set = _auto_int(problems, "batch.attention_threads", b.attention_threads)
     if b.prefill_rows < 1 or (rows_set and b.prefill_rows > rows_set):
         problems.append(f"batch.prefill_rows={b.prefill_rows} must be in 1..batch.max_rows "
                         f"({b.max_rows})")
@@ -274,6 +275,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         if m.source == "synthetic" else None,
     )
 
+    threads, derived_why["batch.attention_threads"], problem = attention_threads(
+        threads_set, here.backend, here.cpu_cores, info.num_kv_heads)
+    problems += [problem] if problem else []
     # KV bytes per token do not depend on max_context (only its checks do: run them below)
     kv = resolve_kv(cfg.kv, info, dtype, here.backend, ctx_set or trained or 4096, [])
     draft = resolve_draft(cfg.draft, path, info, dtype, b.mode, problems)
@@ -401,6 +405,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                               "(its prefill chunks stop there), then are encoded once")
     batch = BatchPlan(mode=b.mode, max_rows=d.max_rows, prefill_chunk=d.prefill_chunk,
                       prefill_rows=b.prefill_rows, compile_step=compile_step,
+                      attention_threads=threads,
                       kv_budget_bytes=d.kv_budget, max_queue=b.max_queue,
                       placement=placement, lone_row=lone_row)
     return ExecutionPlan(
