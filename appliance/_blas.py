@@ -24,6 +24,13 @@ CANDIDATES = (
 #: Path of the BLAS library in use, or "reference" (recorded in the plan).
 ACTIVE = "reference"
 
+# OpenBLAS's worker threads spin (sched_yield) for 2^28 cycles after each call before they
+# sleep. On a 2-core VM under `bench=agents` the spinning thread took as much CPU as MLX's
+# compute thread: 25-28 s of system time in a ~21 s run against 6 s at 2^4 cycles, which
+# read 7% more tokens/s (2 pairs). A value the user set wins; mlx_lm.server, which the
+# bench starts through `import appliance` for this same BLAS, gets the same setting.
+THREAD_TIMEOUT = "4"  # log2 of the cycles a worker spins; OpenBLAS's minimum
+
 
 def preload() -> str:
     """Load OpenBLAS globally if possible; return what is in use."""
@@ -32,6 +39,8 @@ def preload() -> str:
         return ACTIVE
     if "mlx.core" in sys.modules:
         return ACTIVE  # too late: MLX already bound its BLAS symbols
+    if not {"OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT"} & set(os.environ):
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = THREAD_TIMEOUT  # read when it loads
     for path in CANDIDATES:
         if os.path.exists(path):
             try:

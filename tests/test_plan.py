@@ -81,6 +81,27 @@ def test_openblas_is_used_when_installed(plan):
         assert plan.machine.blas == "reference"
 
 
+def test_openblas_workers_spin_briefly_unless_the_user_says_otherwise(plan):
+    """_blas.py sets OPENBLAS_THREAD_TIMEOUT before OpenBLAS loads (it reads it then); a
+    value the user set, under either of OpenBLAS's names, wins."""
+    import os
+    import subprocess
+    import sys
+
+    from appliance import _blas
+
+    if _blas.ACTIVE == "reference":
+        pytest.skip("no OpenBLAS is loaded here")
+    probe = "import appliance, os; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    env = {k: v for k, v in os.environ.items() if "THREAD_TIMEOUT" not in k}
+    run = lambda **extra: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", probe], env={**env, **extra}, capture_output=True, text=True,
+        check=True).stdout.strip()
+    assert run() == _blas.THREAD_TIMEOUT == "4"
+    assert run(OPENBLAS_THREAD_TIMEOUT="12") == "12"
+    assert run(GOTO_THREAD_TIMEOUT="12") == "None"
+
+
 def test_mlx_settings_are_set_before_mlx_unless_the_user_set_them():
     import os
     import subprocess

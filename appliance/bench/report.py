@@ -46,9 +46,11 @@ def label(plan: ExecutionPlan, cfg) -> dict:
                   "hidden_size": m.hidden_size, "vocab_size": m.vocab_size},
         "versions": {"mlx": _version("mlx"), "mlx-lm": _version("mlx-lm"),
                      "appliance": _version("appliance"), "python": platform.python_version()},
-        # MLX's settings from the environment (appliance/_mlx_env.py sets some; a peer
-        # server started by the bench runs without those)
-        "mlx_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")},
+        # MLX's and its BLAS's settings from the environment (appliance/_mlx_env.py sets
+        # some MLX ones, which a peer server started by the bench runs without; _blas.py
+        # sets OpenBLAS's, which it shares)
+        "mlx_env": {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith(("MLX_", "OPENBLAS_", "GOTO_"))},
         "fingerprint": plan.fingerprint,
         "batch": {"mode": b.mode, "max_rows": b.max_rows, "prefill_chunk": b.prefill_chunk},
         "kv": plan.kv.scheme, "draft": plan.draft.kind, "cache": plan.cache.kind,
