@@ -39,10 +39,10 @@ def preload() -> str:
         return ACTIVE
     if "mlx.core" in sys.modules:
         return ACTIVE  # too late: MLX already bound its BLAS symbols
-    if not {"OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT"} & set(os.environ):
-        os.environ["OPENBLAS_THREAD_TIMEOUT"] = THREAD_TIMEOUT  # read when it loads
     for path in CANDIDATES:
         if os.path.exists(path):
+            if not {"OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT"} & set(os.environ):
+                os.environ["OPENBLAS_THREAD_TIMEOUT"] = THREAD_TIMEOUT  # read as it loads
             try:
                 ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
             except OSError:
