@@ -271,15 +271,14 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
                    reasons=why)
 
 
-
 def attention_threads(setting: int | None, backend: str, cores: int,
                       kv_heads: int | None) -> tuple[int, str, str | None]:
-    """(threads a decode step's attention is split over, why, a problem or None).
+    """(threads attention is split over, why, a problem or None).
 
-    On the CPU backend MLX runs each op on one thread and only BLAS uses every core, so a
-    decode step's attention (mostly softmax over long contexts) leaves the other cores
-    idle; split by kv head over streams it runs on several at once, bit-exact
-    (engine/kv/cores.py). A GPU runs attention on the device: 1 there."""
+    On the CPU backend MLX runs each op on one thread and only BLAS uses every core, so
+    attention over long contexts (mostly its softmax) leaves the other cores idle; split by
+    kv head over streams it runs on several at once, bit-exact (engine/kv/cores.py: decode
+    steps and long prefill chunks). A GPU runs attention on the device: 1 there."""
     heads = max(1, kv_heads or 1)
     if backend != "cpu":
         if setting not in (None, 1):
@@ -294,7 +293,8 @@ def attention_threads(setting: int | None, backend: str, cores: int,
         return setting, f"attention_threads={setting} (set)", None
     n = max(1, min(cores, heads))
     return n, (f"attention_threads={n}: MLX's CPU ops run on one thread each, BLAS alone on "
-               f"every core; a decode step's attention split by kv head runs on "
-               f"min({cores} cores, {heads} kv heads) at once, bit-exact (measured on a 2-core "
-               "EPYC: a B=16 step over 2.5k-token rows 56-75 ms on one thread, 35 ms on two); "
-               "encoded KV layers keep their codec's one-thread kernel"), None
+               f"every core; attention (decode steps, prefill chunks of 256+ tokens) split "
+               f"by kv head runs on min({cores} cores, {heads} kv heads) at once, bit-exact "
+               "(measured on a 2-core EPYC: a B=16 step over 2.5k-token rows 56-75 ms on one "
+               "thread, 35 ms on two); encoded KV layers keep their codec's one-thread kernel"
+               ), None

@@ -1,4 +1,4 @@
-"""Decode attention over several CPU cores (`batch.attention_threads`).
+"""Attention over several CPU cores (`batch.attention_threads`).
 
 MLX's CPU backend runs each op on its stream's one thread; only BLAS calls use every core.
 A decode step over long contexts is mostly attention, whose softmax then runs on one core
@@ -34,7 +34,7 @@ _fused = getattr(mx.fast.scaled_dot_product_attention, "__wrapped__",
 
 
 def use(n: int) -> None:
-    """Split this thread's decode attention over n CPU streams (n <= 1: never split)."""
+    """Split this thread's attention over n CPU streams (n <= 1: never split)."""
     _local.streams = [None] + [mx.new_stream(mx.cpu) for _ in range(n - 1)] if n > 1 else None
     if n > 1:
         mx.fast.scaled_dot_product_attention = _split
