@@ -137,6 +137,22 @@ def test_attention_split_over_threads_matches_batch_generator(loaded, schedule, 
     assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
 
 
+def test_attention_streams_are_kept_per_thread():
+    """A thread that builds engine after engine (a bench) reuses its extra streams: each is
+    a thread of MLX's."""
+    from appliance.engine.kv import cores
+
+    try:
+        cores.use(2)
+        first = list(cores._local.streams)
+        cores.use(1)
+        assert cores._local.streams is None
+        cores.use(2)
+        assert cores._local.streams == first and len(cores._local.pool) == 1
+    finally:
+        cores.use(1)
+
+
 @pytest.mark.parametrize("schedule", ["static-4", "dynamic"])
 def test_prompts_prefilled_together_match_batch_generator(loaded, schedule):
     """batch.prefill_rows=3: waiting prompts share right-padded prefill passes, as mlx-lm's

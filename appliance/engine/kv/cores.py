@@ -28,14 +28,19 @@ import mlx.core as mx
 
 MIN_SCORES = 16384  # batch x query heads x keys; measured break-even ~8k on the EPYC
 MIN_PREFILL = 256  # query tokens a row
-_local = threading.local()  # .streams: [None (the caller's stream), extra streams...]
+_local = threading.local()  # .streams: [None (the caller's stream), *extra], .pool
 _fused = getattr(mx.fast.scaled_dot_product_attention, "__wrapped__",
                  mx.fast.scaled_dot_product_attention)
 
 
 def use(n: int) -> None:
-    """Split this thread's attention over n CPU streams (n <= 1: never split)."""
-    _local.streams = [None] + [mx.new_stream(mx.cpu) for _ in range(n - 1)] if n > 1 else None
+    """Split this thread's attention over n CPU streams (n <= 1: never split). A thread's
+    streams are kept for its later calls (each is a thread of MLX's; a bench builds many
+    schedulers on one thread)."""
+    pool = _local.__dict__.setdefault("pool", [])
+    while len(pool) < n - 1:
+        pool.append(mx.new_stream(mx.cpu))
+    _local.streams = [None, *pool[:n - 1]] if n > 1 else None
     if n > 1:
         mx.fast.scaled_dot_product_attention = _split
 
