@@ -137,6 +137,32 @@ def test_attention_split_over_threads_matches_batch_generator(loaded, schedule, 
     assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_engine_thread_splits_attention_as_planned(threads, monkeypatch):
+    """build_engine turns the plan's batch.attention_threads on in the engine's thread."""
+    from conftest import resolve_overrides, run_engine
+
+    from appliance.engine import build_engine
+    from appliance.engine.kv import cores
+
+    plan = resolve_overrides([f"batch.attention_threads={threads}", "cache=none"])
+    if plan.machine.backend != "cpu":
+        pytest.skip("the split is the CPU backend's")
+    heads = []
+    fused = cores._fused
+    monkeypatch.setattr(cores, "_fused", lambda q, *a, **kw: heads.append(q.shape[1])
+                        or fused(q, *a, **kw))
+    monkeypatch.setattr(cores, "MIN_SCORES", 1)
+    eng = build_engine(plan)
+    try:
+        toks, fin = run_engine(eng, GenerationRequest([1, 2, 3, 4], 4))
+    finally:
+        eng.stop()
+    assert len(toks) == 4
+    # split calls carry part of the heads; the prompt's pass (4 tokens) is never split
+    assert (len(set(heads)) > 1) == (threads == 2)
+
+
 def test_attention_streams_are_kept_per_thread():
     """A thread that builds engine after engine (a bench) reuses its extra streams: each is
     a thread of MLX's."""

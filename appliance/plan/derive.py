@@ -290,7 +290,9 @@ def attention_threads(setting: int | None, backend: str, cores: int,
             return 1, "", (f"batch.attention_threads={setting} exceeds the model's {heads} kv "
                            f"heads (attention splits by kv head); valid choices: auto, "
                            f"1..{heads}")
-        return setting, f"attention_threads={setting} (set)", None
+        return setting, (f"attention_threads={setting} (set): decode steps and prefill chunks "
+                         "of 256+ tokens; encoded KV layers keep their codec's one-thread "
+                         "kernel"), None
     n = max(1, min(cores, heads))
     return n, (f"attention_threads={n}: MLX's CPU ops run on one thread each, BLAS alone on "
                f"every core; attention (decode steps, prefill chunks of 256+ tokens) split "
