@@ -43,6 +43,7 @@ from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tappe
 # Propose before reading the pending tokens where reading them stalls a pipeline that pays:
 # a launch-bound device (CUDA) rather than a compute-bound CPU (docs/speculation.md).
 AHEAD = WHOLE_BUFFER
+SETTLE = 3  # a step is timed from the third at an unchanged batch size (see _decode_step)
 
 
 @dataclass
@@ -104,6 +105,7 @@ class BatchStep:
         # (None) one that asked for drafts and found none
         self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
         self._asked = False  # this step read the pending tokens for drafts and found none
+        self._rows_were, self._same = 0, 0  # the last step's rows; steps since they changed
 
     def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
         observe(self.model, self.drafter, uids, fed)
@@ -206,11 +208,17 @@ class BatchStep:
         # one of its own kind: a plain step right after a speculative one restarts the
         # pipeline, and a speculative one right after a plain one first waits for that
         # one's queued pass. A step that asked for drafts and found none (it read the
-        # pending tokens first) is neither.
+        # pending tokens first) is neither. Nor is a step at a batch size new within
+        # SETTLE steps: a new size pays one-off costs (on an H200 the two steps after a
+        # row left took 18-30 ms against 3-5, its CUDA graphs built anew), which times
+        # taken while rows leave one by one would make the common case.
         now = time.perf_counter()
+        self._same = self._same + 1 if rows == len(d) == self._rows_were else 0
+        self._rows_were = len(d)
         if self.drafter is not None:
             kind = None if self._asked else spec
-            if self._quiet and self._last_end and kind is not None and kind == self._before:
+            if self._quiet and self._last_end and kind is not None and kind == self._before \
+                    and self._same >= SETTLE:
                 self.control.timed(rows, spec, now - self._last_end,
                                    sum(len(e[0]) for e in emitted))
             self._before = kind
@@ -222,7 +230,7 @@ class BatchStep:
         the control measured plain steps faster at this batch size): then a plain step."""
         d, ctl = self._decode, self.control
         rows = len(d)
-        if not ctl.speculate(rows):
+        if not ctl.speculate(rows, settled=self._quiet and self._same >= SETTLE - 1):
             return None
         # Right after a plain step the pending tokens are still being computed: a drafter
         # that can propose from the tokens before them does, so asking waits for nothing

@@ -168,8 +168,11 @@ class Control:
                 return won
         return None
 
-    def speculate(self, rows: int) -> bool:
-        """Whether a batch of `rows` rows should speculate this step."""
+    def speculate(self, rows: int, settled: bool = True) -> bool:
+        """Whether a batch of `rows` rows should speculate this step. `settled`: whether
+        this step can be timed (no prefill since the last one, the batch unchanged for a
+        while); a batch size with no decision yet measures both modes only then, and
+        decodes plainly meanwhile (as without a draft)."""
         if not self.adaptive:
             return True
         idle = _bucket(rows)
@@ -186,7 +189,7 @@ class Control:
             return m.winner
         winner = self._winner(b)
         if winner is None:
-            return n % 4 < 2  # measuring both, two steps of each in turn
+            return settled and n % 4 < 2  # measuring both, two steps of each in turn
         m = self._modes.setdefault(b, _Mode())
         first = self._first_gap(b, winner)
         if not m.probe_at:
