@@ -234,13 +234,15 @@ def test_cuda_verify_attention_beside_encoded_layers_is_token_exact(start, monke
         assert spec[r].tokens == plain[r].tokens, r
 
 
-@pytest.mark.parametrize("drafter", ["scripted", "mtp"])
-def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch):
+@pytest.mark.parametrize("drafter", ["scripted", "mtp", "model"])
+def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch, request):
     """On CUDA, verify passes attend over whole KV buffers and feed every row k + 1 tokens
-    (one shape per batch size: MLX compiles per shape there). The same arithmetic, run here
-    on CPU, is token-exact with draft=none."""
+    (one shape per batch size: MLX compiles per shape there), and a drafter catching up
+    feeds a `pass_width` of tokens. The same arithmetic, run here on CPU, is token-exact
+    with draft=none."""
     from appliance.engine import prefill, rows, step, verify
     from appliance.engine.speculate import drafters
+    from appliance.engine.speculate.control import pass_width
 
     name, model, tok = loaded
     if drafter == "mtp" and name == "tiny-gemma3":
@@ -248,14 +250,23 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch):
     plain, _ = run(model, tok, "dynamic")
     for mod in (drafters, verify, step, rows, prefill):  # each that reads it (by name)
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    widths, whole = [], drafters.whole_buffers
+    monkeypatch.setattr(drafters, "whole_buffers",
+                        lambda layers, n, on, **kw: widths.append(n) or whole(layers, n, on, **kw))
     mx.random.seed(0)
-    draft = ((Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), Control(4))
-             if drafter == "scripted" else
-             (MTPDrafter(MTPHead.for_model(model), model, 16), Control(3, adaptive=False)))
+    draft = {"scripted": lambda: (Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}),
+                                  Control(4)),
+             "mtp": lambda: (MTPDrafter(MTPHead.for_model(model), model, 16),
+                             Control(3, adaptive=False)),
+             "model": lambda: (ModelDrafter(request.getfixturevalue("draft_model"), 16),
+                               Control(3, adaptive=False))}[drafter]()
     spec, s = run(model, tok, "dynamic", draft)
     assert s._batch.spec_ticks > 0
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, (name, r)
+    if drafter != "scripted":
+        assert any(n > 1 for n in widths)
+        assert all(n == pass_width(n) for n in widths), widths
 
 
 @pytest.mark.parametrize("shape_policy", [False, True])

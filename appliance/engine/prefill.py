@@ -19,19 +19,15 @@ from appliance.engine.kv import Scheme
 from appliance.engine.kv.native import FullLayout, causal, fusable, whole_buffers
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.speculate import WHOLE_BUFFER, Tapped
+from appliance.engine.speculate.control import pass_width
 from appliance.plan.derive import GRID  # a lone row's fused pass starts on it (CUDA)
 
 
 def prefill_width(n: int) -> int:
-    """The tokens per row a prefill pass of n feeds on CUDA (right-padded): a power of two
-    up to 256, then a multiple of 256. MLX's CUDA attention (cuDNN) builds a graph for
-    every new (query length, key length) pair, ~50 ms each (measured on an H200 for verify
-    passes), and every prefix hit's tail had a new pair. With these widths, and keys
-    spanning whole buffers (a multiple of 256 slots), fewer shapes recur and their graphs
-    are reused."""
-    if n <= 256:
-        return max(16, 1 << (n - 1).bit_length())
-    return -(-n // 256) * 256
+    """The tokens per row a prefill pass of n feeds on CUDA (right-padded): `pass_width`,
+    at least 16. With keys spanning whole buffers (a multiple of 256 slots) few shapes
+    recur, and every prefix hit's tail no longer builds graphs of its own."""
+    return max(16, pass_width(n))
 
 
 @dataclass

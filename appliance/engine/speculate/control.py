@@ -21,6 +21,17 @@ WHOLE_BUFFER = on_cuda()
 IDLE_MAX = 4 if WHOLE_BUFFER else 0
 
 
+def pass_width(n: int) -> int:
+    """The tokens per row a multi-token pass of n feeds where shapes compile (CUDA), right-
+    padded: a power of two up to 256, then a multiple of 256. Every new (query length, key
+    length) pair builds new graphs on MLX's CUDA backend, 50-150 ms each on an H200, so a
+    pass whose width follows its content (a prefix hit's tail, a drafter catching up on the
+    tokens of its plain steps) paid that at nearly every call; these widths recur."""
+    if n <= 256:
+        return 1 << max(0, n - 1).bit_length()
+    return -(-n // 256) * 256
+
+
 @dataclass
 class DraftCounts:
     """Tokens proposed and accepted, for /stats and one request's usage."""
