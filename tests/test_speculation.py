@@ -644,6 +644,28 @@ def test_the_control_keeps_a_losing_speculation_under_five_percent_of_the_cost()
     assert late < 0.05 * 300
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_hopeless_speculation_is_not_explored_again_as_rows_leave(cuda):
+    """The CPU trace of 2026-12-02 (mtp, edit, B=16): speculation lost at 16 rows at 7x a
+    plain step's cost, more than its k + 1 = 3 tokens a row could repay, then as rows left
+    one by one every new row count explored it once more, each time feeding the MTP head
+    every token since its last step (150-440 ms against 15 ms plain), and never measured
+    anything. Such a loss now stands for down to half the rows; a loss that acceptance
+    could have turned still leaves smaller batches to measure their own."""
+    kw = dict(drift=False, full_width=True, idle_max=0) if cuda else {}
+
+    def tail(ratio: float) -> int:
+        c = Control(2, **kw)
+        for _ in range(64):  # 16 rows: speculation costs `ratio` plain steps, yields 1.5x
+            spec = c.speculate(16)
+            c.timed(16, spec, 0.015 * (ratio if spec else 1), 24 if spec else 16)
+        assert c._winner(16) is False  # it lost at 16 rows
+        return sum(c.speculate(rows) for rows in range(15, 7, -1) for _ in range(3))
+
+    assert tail(7.0) == 0
+    assert tail(2.0) > 0
+
+
 def test_a_losing_speculation_is_not_chosen_on_its_stale_measurements():
     """The CPU trace of 2026-12-01 (edit, B=16): steps slow down as the rows' contexts grow
     (attention), and the mode that is not running is measured only when probed. Against
