@@ -666,6 +666,21 @@ def test_a_hopeless_speculation_is_not_explored_again_as_rows_leave(cuda):
     assert tail(2.0) > 0
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_probe_waits_for_a_step_that_can_be_timed(cuda):
+    """A probe of steps that cannot be timed (rows still joining, a prefill beside them)
+    measures nothing and costs its speculative steps: it starts on the first settled step."""
+    kw = dict(drift=False, full_width=True, idle_max=0) if cuda else {}
+    c = Control(2, **kw)
+    for _ in range(64):  # speculation loses at 16 rows (not hopelessly)
+        spec = c.speculate(16)
+        c.timed(16, spec, 0.015 * (2.0 if spec else 1), 24 if spec else 16)
+    assert c._winner(16) is False
+    unsettled = [c.speculate(16, settled=False) for _ in range(2000)]
+    assert not any(unsettled)  # far past any probe's due step: none ran unsettled
+    assert any(c.speculate(16) for _ in range(3))  # the due probe (3 steps) runs once settled
+
+
 def test_a_losing_speculation_is_not_chosen_on_its_stale_measurements():
     """The CPU trace of 2026-12-01 (edit, B=16): steps slow down as the rows' contexts grow
     (attention), and the mode that is not running is measured only when probed. Against
