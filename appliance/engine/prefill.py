@@ -41,10 +41,11 @@ class PromptEvent:
     at: int = 0  # the tokens in the row's KV at this event
 
 
-def observe(model, drafter, uids: list[int], fed: list[list[int]]) -> None:
+def observe(model, drafter, uids: list[int], fed: list[list[int]],
+            decoding: bool = False) -> None:
     """Tell an MTP drafter what the model just fed each row, with its hidden states."""
     if isinstance(model, Tapped):
-        drafter.observe(uids, fed, model.hidden)
+        drafter.observe(uids, fed, model.hidden, decoding)
 
 
 def hidden(model) -> list:

@@ -108,7 +108,7 @@ class BatchStep:
         self._rows_were, self._same = 0, 0  # the last step's rows; steps since they changed
 
     def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
-        observe(self.model, self.drafter, uids, fed)
+        observe(self.model, self.drafter, uids, fed, decoding=True)
 
     # -- rows in --------------------------------------------------------------------
     def insert(self, segments: list[list[int]], max_tokens: int, sampler, processors=(),
@@ -216,6 +216,8 @@ class BatchStep:
         self._same = self._same + 1 if rows == len(d) == self._rows_were else 0
         self._rows_were = len(d)
         if self.drafter is not None:
+            if self._quiet and self._last_end:
+                self.control.spent(rows, spec, now - self._last_end)
             kind = None if self._asked else spec
             if self._quiet and self._last_end and kind is not None and kind == self._before \
                     and self._same >= SETTLE:

@@ -125,6 +125,8 @@ class Control:
     _idle: dict[int, int] = field(default_factory=dict)  # B -> plain steps left, no asking
     _idle_gap: dict[int, int] = field(default_factory=dict)  # B -> the last such wait
     _stale: dict[int, deque | None] = field(default_factory=dict)  # B -> times before a probe
+    _spent: dict[int, list] = field(default_factory=dict)  # B -> its last probe's step times
+    _plain_since: dict[int, bool] = field(default_factory=dict)  # B -> a plain step since
 
     def budget(self, uid: int) -> int:
         """Tokens row `uid` may propose. Where a verify pass feeds every row `k + 1`
@@ -286,15 +288,30 @@ class Control:
                                                 max(1, 2 * self._idle_gap.get(b, 0)))
 
     def _first_gap(self, b: int, winner: bool) -> int:
-        """Steps before the slower mode is probed: `explore_every`, stretched by what a
-        probe step of it costs against a step of the winner (a speculative step over 7
-        tokens a row is several plain steps on a compute-bound CPU), so probing keeps to a
-        small share of the time, not of the steps. The stretch is at most k + 1, the
-        tokens a row feeds: a larger ratio is a measurement gone wrong, not a cost."""
+        """Steps before the slower mode is probed: `explore_every` when speculation wins;
+        when it loses, stretched by what its last run of steps cost beyond as many plain
+        ones, in plain steps, so that probing costs about 1/explore_every of the time.
+        That cost is every speculative step's wall time, one-offs included (`spent`): a
+        probe's first step feeds a draft model or MTP head every token of the plain steps
+        before it (the longer the gap, the more) and on CUDA builds graphs for shapes it
+        has not met, which the step times the decision compares leave out by design."""
         t_spec, t_plain = self._secs(b, True), self._secs(b, False)
         if winner or not t_spec or not t_plain:
             return self.explore_every
-        return int(self.explore_every * min(self.k + 1, max(1.0, t_spec / t_plain)))
+        spent = self._spent.get(b) or [t_spec] * PROBE
+        excess = sum(spent) - len(spent) * t_plain
+        return int(self.explore_every * max(1.0, excess / t_plain / PROBE))
+
+    def spent(self, rows: int, spec: bool, seconds: float) -> None:
+        """Any decode step's wall time, timed or not (no prefill ran since the last): the
+        speculative steps since the batch size's last plain one are its last probe's cost."""
+        b = rows if self.drift else _bucket(rows)
+        if not spec:
+            self._plain_since[b] = True
+            return
+        if self._plain_since.get(b, True):
+            self._spent[b], self._plain_since[b] = [], False
+        self._spent[b].append(seconds)
 
     def timed(self, rows: int, spec: bool, seconds: float, tokens: int) -> None:
         """One step's time and the tokens it emitted. The yield of speculative steps is

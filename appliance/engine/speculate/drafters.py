@@ -14,6 +14,20 @@ import mlx.core as mx
 from appliance.engine.kv.native import whole_buffers
 from appliance.engine.speculate.control import WHOLE_BUFFER, pass_width
 
+# Most tokens a drafter catches up on at a proposal. A row that decoded plainly for longer
+# (the control chose plain steps: speculation lost there) restarts its drafter's KV from its
+# last LAG_MAX tokens: the drafter's positions are relative, so it drafts as from a shorter
+# context. Catching up on every token instead cost a probe's first step 150-440 ms against
+# a 15 ms plain step at B=16 on a 2-core CPU, a cost that grew with the gap between probes.
+LAG_MAX = 31
+
+
+def _restart(layers: list, i: int) -> None:
+    """Empty row i of a drafter's own layers (its slots become padding)."""
+    n = int(layers[0].offset[i].item())
+    for c in layers:
+        c.rollback(i, n)
+
 
 def _width(n: int) -> int:
     """A drafter's pass feeds each row the tokens it has not seen, as many as the plain
@@ -92,6 +106,7 @@ class ModelDrafter(_Sampled):
     def __init__(self, draft, chunk: int):
         self.draft, self.chunk = draft, chunk
         self.fed = False  # whether the last propose() fed the draft (then settle() runs)
+        self._base: dict[int, int] = {}  # uid -> the row position of the draft's first token
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
@@ -105,7 +120,14 @@ class ModelDrafter(_Sampled):
         self.fed = steps > 0
         if not steps:
             return [[] for _ in ks], None
-        have = batch.extra[0].offset.tolist()  # tokens the draft holds per row
+        held = batch.extra[0].offset.tolist()  # tokens the draft holds per row
+        have = []  # per row: up to which of its tokens the draft has seen
+        for i, (uid, toks) in enumerate(zip(batch.uids, batch.tokens, strict=True)):
+            seen = self._base.get(uid, 0) + held[i]
+            if len(toks) + 1 - seen > LAG_MAX + 1:
+                _restart(batch.extra, i)
+                seen = self._base[uid] = len(toks) - LAG_MAX
+            have.append(seen)
         feeds = [[*toks[have[i]:], p][:self.chunk]
                  for i, (toks, p) in enumerate(zip(batch.tokens, pend, strict=True))]
         ready = [len(batch.tokens[i]) + 1 == have[i] + len(f) for i, f in enumerate(feeds)]
@@ -138,7 +160,7 @@ class ModelDrafter(_Sampled):
                     c.rollback(i, drop)
 
     def forget(self, uid: int) -> None:
-        pass
+        self._base.pop(uid, None)
 
 
 class Tapped:
@@ -171,6 +193,7 @@ class _Pairs:
     hidden: list = field(default_factory=list)  # [n, H] arrays
     tokens: list[int] = field(default_factory=list)
     carry: mx.array | None = None  # hidden at the row's last fed position: pairs with the next
+    restart: bool = False  # pairs were dropped (LAG_MAX): the head's KV restarts from these
 
 
 class MTPDrafter(_Sampled):
@@ -192,10 +215,17 @@ class MTPDrafter(_Sampled):
     def make_cache(self) -> list:
         return [self.head.make_cache()]
 
-    def observe(self, uids: list[int], fed: list[list[int]], hidden: mx.array) -> None:
-        """The target fed `fed[i]` to row uids[i] and computed `hidden` [B, L, H]."""
+    def observe(self, uids: list[int], fed: list[list[int]], hidden: mx.array,
+                decoding: bool = False) -> None:
+        """The target fed `fed[i]` to row uids[i] and computed `hidden` [B, L, H]. A
+        decoding row keeps at most LAG_MAX pairs waiting (a prompt's all go to the head
+        as it prefills)."""
         for i, (uid, toks) in enumerate(zip(uids, fed, strict=True)):
             self._add(uid, toks, hidden[i, :len(toks)], skip_first=False)
+            r = self._rows[uid]
+            if decoding and len(r.tokens) > LAG_MAX:
+                r.hidden = [mx.concatenate(r.hidden)[-LAG_MAX:]]
+                r.tokens, r.restart = r.tokens[-LAG_MAX:], True
 
     def _add(self, uid: int, toks: list[int], h: mx.array, skip_first: bool) -> None:
         r = self._rows.setdefault(uid, _Pairs())
@@ -248,6 +278,10 @@ class MTPDrafter(_Sampled):
         if not steps:
             return [[] for _ in ks], None
         rows = [self._rows.setdefault(u, _Pairs()) for u in batch.uids]
+        for i, r in enumerate(rows):
+            if r.restart:
+                _restart(batch.extra, i)
+                r.restart = False
         feeds = [self._take(r, p) for r, p in zip(rows, pend, strict=True)]
         self.fed = any(t for _, t, _ in feeds)  # (nothing is taken from a row with none)
         if not self.fed:
