@@ -857,9 +857,15 @@ def test_a_step_is_timed_only_once_the_batch_size_has_settled(loaded):
     ctl.speculate = lambda rows, settled=True: seen.append(
         (rows, settled, orig(rows, settled))) or seen[-1][2]
     ctl.timed = lambda rows, spec, secs, tokens: timed.append(len(seen))
+    charged = []  # every step after a quiet interval is charged (`Control.spent`), timed or not
+    spent = ctl.spent
+    ctl.spent = lambda rows, spec, secs: charged.append((len(seen), spec)) or spent(rows, spec,
+                                                                                 secs)
     spec, _ = run(model, tok, "dynamic",
                   draft=(Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), ctl))
     assert timed and len(timed) < len(seen)
+    assert set(timed) < {n for n, _ in charged}  # the timed steps, and untimed ones too
+    assert any(sp for n, sp in charged if n not in timed)  # e.g. a probe's first step
     for n in timed:  # this step and the SETTLE - 1 before it started at the same size...
         assert len({rows for rows, _, _ in seen[n - SETTLE:n]}) == 1, seen[n - SETTLE:n]
     # ...and while nothing was decided, no step that could not be timed speculated

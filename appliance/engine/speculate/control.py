@@ -290,7 +290,9 @@ class Control:
     def _first_gap(self, b: int, winner: bool) -> int:
         """Steps before the slower mode is probed: `explore_every` when speculation wins;
         when it loses, stretched by what its last run of steps cost beyond as many plain
-        ones, in plain steps, so that probing costs about 1/explore_every of the time.
+        ones (in plain steps, per probe step), so that a probe's excess is about
+        PROBE/explore_every of the time until the next (and halves with each probe it
+        loses again, `speculate`).
         That cost is every speculative step's wall time, one-offs included (`spent`): a
         probe's first step feeds a draft model or MTP head every token of the plain steps
         before it (the longer the gap, the more) and on CUDA builds graphs for shapes it

@@ -124,7 +124,7 @@ class ModelDrafter(_Sampled):
         have = []  # per row: up to which of its tokens the draft has seen
         for i, (uid, toks) in enumerate(zip(batch.uids, batch.tokens, strict=True)):
             seen = self._base.get(uid, 0) + held[i]
-            if len(toks) + 1 - seen > LAG_MAX + 1:
+            if len(toks) - seen > LAG_MAX:
                 _restart(batch.extra, i)
                 seen = self._base[uid] = len(toks) - LAG_MAX
             have.append(seen)
