@@ -51,6 +51,11 @@ class DraftCounts:
 WARM = 2  # measured steps of each kind before the batch picks the faster one
 WINDOW = 9  # a mode's step time: the median of its last WINDOW measurements
 PROBE = WARM + 1  # steps of a probe of the slower mode (its first one is not a measurement)
+# What a losing speculation's probes may cost, as a share of the steps between them: the
+# gap to the next probe is its last probe's loss over this (then doubles while it loses).
+# Issue 12 asks B=16 never below 0.95x: an H200 probe at 16 rows (mtp) lost the time of
+# 10-90 plain steps, one-off compiles included, where a 512-token run is ~530 steps.
+SHARE = 0.02
 # What speculation must win its measured step time by. Its costs outlast its own steps: the
 # slots its rejected drafts leave masked widen the rows every later step attends over (up
 # to verify.COMPACT_AT), and each switch of mode restarts the pipeline. Near break-even
@@ -95,9 +100,9 @@ class Control:
     rows, so pooling sizes let a smaller batch's cheaper steps stand for a larger one's):
     the time of speculative and plain steps and the tokens a speculative step yields per row
     are measured, and the faster mode runs. The slower one is
-    probed again for a few steps after `explore_every` steps (stretched by how much more a
-    step of it costs), then after twice as many each time it loses again (up to 16x), so
-    probing costs a small share of a long run and
+    probed again for a few steps after `explore_every` steps (when speculation is the slower
+    one, after its last probe's loss over SHARE), then after twice as many each time it
+    loses again (up to 16x), so probing costs a small share of a long run and
     speculation is never the slower choice for long. A batch size not measured yet takes the
     decision of its neighbours: one within `_near` rows as is; otherwise speculation that
     lost at B rows loses at more (and down to B/2 rows where it could not have won at any
@@ -219,7 +224,8 @@ class Control:
             return m.winner
         winner = self._winner(b)
         if winner is None:
-            return settled and n % 4 < 2  # measuring both, two steps of each in turn
+            return settled and n % (2 * PROBE) < PROBE  # measuring both, in turn (PROBE steps:
+            # the first of each run is no measurement)
         m = self._modes.setdefault(b, _Mode())
         first = self._first_gap(b, winner)
         if not m.probe_at:
@@ -246,9 +252,8 @@ class Control:
         # soon, when both modes' times are fresh (the one it leaves may be old too: a
         # server's batch of this size last ran over shorter or longer contexts).
         held = winner == m.winner
-        if held:  # (after a switch's quick check, the usual gap again)
-            m.gap = min(2 * m.gap, 16 * first) if not self.drift else \
-                max(first, min(2 * m.gap, 16 * first))
+        if held:  # (after a switch's quick check, the usual gap again; never below
+            m.gap = max(first, min(2 * m.gap, 16 * first))  # what the last probe cost)
         else:
             m.gap = WINDOW if self.drift else first
         m.probe_at, m.winner = n + m.gap, winner
@@ -289,20 +294,20 @@ class Control:
 
     def _first_gap(self, b: int, winner: bool) -> int:
         """Steps before the slower mode is probed: `explore_every` when speculation wins;
-        when it loses, stretched by what its last run of steps cost beyond as many plain
-        ones (in plain steps, per probe step), so that a probe's excess is about
-        PROBE/explore_every of the time until the next (and halves with each probe it
+        when it loses, what its last run of steps lost against plain steps (their wall
+        time beyond what plain steps would take for the tokens they emitted) over SHARE,
+        so probing costs about SHARE of the time (and half as much after each probe it
         loses again, `speculate`).
-        That cost is every speculative step's wall time, one-offs included (`spent`): a
-        probe's first step feeds a draft model or MTP head every token of the plain steps
-        before it (the longer the gap, the more) and on CUDA builds graphs for shapes it
-        has not met, which the step times the decision compares leave out by design."""
+        That loss counts every speculative step's wall time, one-offs included (`spent`):
+        a probe's first step feeds a draft model or MTP head the tokens of the plain steps
+        before it and on CUDA builds graphs for shapes it has not met, which the step times
+        the decision compares leave out by design."""
         t_spec, t_plain = self._secs(b, True), self._secs(b, False)
         if winner or not t_spec or not t_plain:
             return self.explore_every
         spent = self._spent.get(b) or [t_spec] * PROBE
-        excess = sum(spent) - len(spent) * t_plain
-        return int(self.explore_every * max(1.0, excess / t_plain / PROBE))
+        lost = sum(spent) - len(spent) * self._gain.get(b, 1.0) * t_plain
+        return max(self.explore_every, math.ceil(lost / t_plain / SHARE))
 
     def spent(self, rows: int, spec: bool, seconds: float) -> None:
         """Any decode step's wall time, timed or not (no prefill ran since the last): the
