@@ -188,12 +188,52 @@ class Tapped:
 
 @dataclass
 class _Pairs:
-    """One row's (hidden at position i, token at i + 1) pairs the MTP head has not seen."""
+    """One row's (hidden at position i, token at i + 1) pairs the MTP head has not seen.
+    Their hidden states are kept as references into the passes' outputs, (array [B, L, H],
+    row, start, stop), and sliced only when the head runs: a plain decode step costs a row
+    no MLX op. Slicing and trimming them every step (`concatenate(...)[-LAG_MAX:]`) chained
+    one lazy op a step per row, which a probe's first step then evaluated whole."""
 
-    hidden: list = field(default_factory=list)  # [n, H] arrays
+    spans: list = field(default_factory=list)  # references, or arrays [n, H]
     tokens: list[int] = field(default_factory=list)
-    carry: mx.array | None = None  # hidden at the row's last fed position: pairs with the next
+    carry: tuple | None = None  # (array, row, position): the row's last fed position's hidden
     restart: bool = False  # pairs were dropped (LAG_MAX): the head's KV restarts from these
+
+    def add(self, toks: list[int], hidden: mx.array, row: int, skip_first: bool) -> None:
+        """Row `row` of `hidden` holds the states of `toks`, from its position 0."""
+        if self.carry is not None and not skip_first:
+            h, i, at = self.carry
+            self.spans.append((h, i, at, at + 1))
+            self.tokens.append(toks[0])
+        if len(toks) > 1:
+            self.spans.append((hidden, row, 0, len(toks) - 1))
+            self.tokens.extend(toks[1:])
+        self.carry = (hidden, row, len(toks) - 1)
+
+    def trim(self, keep: int) -> None:
+        """Keep only the last `keep` pairs (whole spans are dropped; `hidden` cuts the
+        rest)."""
+        if len(self.tokens) <= keep:
+            return
+        self.tokens, self.restart = self.tokens[-keep:], True
+        held = sum(_span_len(x) for x in self.spans)
+        while held - _span_len(self.spans[0]) >= keep:
+            held -= _span_len(self.spans.pop(0))
+
+    def hidden(self) -> mx.array | None:
+        """The waiting pairs' hidden states [n, H], one slice per span."""
+        if not self.tokens:
+            return None
+        parts = [x if isinstance(x, mx.array) else x[0][x[1], x[2]:x[3]] for x in self.spans]
+        return mx.concatenate(parts)[-len(self.tokens):]
+
+    def carried(self) -> mx.array:
+        h, i, at = self.carry
+        return h[i, at]
+
+
+def _span_len(x) -> int:
+    return x.shape[0] if isinstance(x, mx.array) else x[3] - x[2]
 
 
 class MTPDrafter(_Sampled):
@@ -221,21 +261,10 @@ class MTPDrafter(_Sampled):
         decoding row keeps at most LAG_MAX pairs waiting (a prompt's all go to the head
         as it prefills)."""
         for i, (uid, toks) in enumerate(zip(uids, fed, strict=True)):
-            self._add(uid, toks, hidden[i, :len(toks)], skip_first=False)
-            r = self._rows[uid]
-            if decoding and len(r.tokens) > LAG_MAX:
-                r.hidden = [mx.concatenate(r.hidden)[-LAG_MAX:]]
-                r.tokens, r.restart = r.tokens[-LAG_MAX:], True
-
-    def _add(self, uid: int, toks: list[int], h: mx.array, skip_first: bool) -> None:
-        r = self._rows.setdefault(uid, _Pairs())
-        if r.carry is not None and not skip_first:
-            r.hidden.append(r.carry[None])
-            r.tokens.append(toks[0])
-        if len(toks) > 1:
-            r.hidden.append(h[:-1])
-            r.tokens.extend(toks[1:])
-        r.carry = h[-1]
+            r = self._rows.setdefault(uid, _Pairs())
+            r.add(toks, hidden, i, skip_first=False)
+            if decoding:
+                r.trim(LAG_MAX)
 
     def prefill(self, batch, chunks: list[list[int]]) -> None:
         """The model prefilled `chunks` (observed already): the head takes their pairs now,
@@ -244,9 +273,9 @@ class MTPDrafter(_Sampled):
         feeds = []
         for r in rows:
             n = min(len(r.tokens), self.chunk)
-            h = mx.concatenate(r.hidden) if r.hidden else None
+            h = r.hidden()
             feeds.append((h[:n] if n else None, r.tokens[:n]))
-            r.hidden, r.tokens = ([h[n:]] if n < len(r.tokens) else []), r.tokens[n:]
+            r.spans, r.tokens = ([h[n:]] if n < len(r.tokens) else []), r.tokens[n:]
         if any(t for _, t in feeds):
             self._run(batch, [(h, t, False) for h, t in feeds])
             mx.eval(batch.extra[0].state)
@@ -302,14 +331,13 @@ class MTPDrafter(_Sampled):
     def _take(self, r: _Pairs, pend: int) -> tuple[mx.array | None, list[int], bool]:
         """The pairs to feed now (at most `chunk`) and whether the pending token's pair is
         among them (then the row can propose)."""
-        h = mx.concatenate(r.hidden) if r.hidden else None
-        t = r.tokens
+        h, t = r.hidden(), r.tokens
         if r.carry is not None and len(t) < self.chunk:
-            r.hidden, r.tokens = [], []
-            return (r.carry[None] if h is None else mx.concatenate([h, r.carry[None]]),
-                    [*t, pend], True)
+            r.spans, r.tokens = [], []
+            c = r.carried()[None]
+            return (c if h is None else mx.concatenate([h, c]), [*t, pend], True)
         n = min(len(t), self.chunk)
-        r.hidden, r.tokens = ([h[n:]] if n < len(t) else []), t[n:]
+        r.spans, r.tokens = ([h[n:]] if n < len(t) else []), t[n:]
         return (h[:n] if n else None), t[:n], False
 
     def settle(self, batch) -> None:
@@ -320,7 +348,7 @@ class MTPDrafter(_Sampled):
                 batch.extra[0].rollback(i, self._steps - 1)
         for i, (uid, kept) in enumerate(zip(batch.uids, batch.last_kept, strict=True)):
             ok = self.fed and self._ready[i]
-            self._add(uid, kept, batch.last_hidden[i, :len(kept)], skip_first=ok)
+            self._rows.setdefault(uid, _Pairs()).add(kept, batch.last_hidden, i, skip_first=ok)
 
     def forget(self, uid: int) -> None:
         self._rows.pop(uid, None)
