@@ -1,0 +1,9 @@
+# 16th session after the probe-cost change (SHARE, one first step per exploration): B=16 mtp/model r5, lookup all B.
+date -u +%H:%M:%S; git log --oneline -1 2>/dev/null
+A="import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()"
+timeout 260 python3 -c "$A" mode=bench bench=spec draft=mtp 'bench.spec_batches=[16]' bench.repeats=5 hydra.run.dir=/tmp/spec_mtp 2>&1 | grep -v Warning | tail -5
+cp /tmp/spec_mtp/bench.json $OUT/spec-mtp-b16-r5.json
+date -u +%H:%M:%S
+timeout 200 python3 -c "$A" mode=bench bench=spec draft=model 'bench.spec_batches=[16]' bench.repeats=5 hydra.run.dir=/tmp/spec_model 2>&1 | grep -v Warning | tail -5
+cp /tmp/spec_model/bench.json $OUT/spec-model-b16-r5.json
+date -u +%H:%M:%S
