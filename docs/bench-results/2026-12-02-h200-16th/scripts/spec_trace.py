@@ -82,10 +82,10 @@ def cell(name, plan, draft, mode):
         res.append(dict(tok_s=r["tok_s"], acc=r["accepted"], rej=r["rejected"], trace=list(TR)))
     out.setdefault(name, []).append(res)
     print(name, [(x["tok_s"], x["acc"], x["rej"]) for x in res], flush=True)
+ONLY = sys.argv[7].split(",") if len(sys.argv) > 7 else None
 for rep in range(REPS):
     cell("none", p0, DraftPlan(kind="none"), "adaptive")
     for d, plan in plans.items():
-        cell(d + "-adaptive", plan, plan.draft, "adaptive")
-        cell(d + "-spec", plan, plan.draft, "spec")
-        cell(d + "-plain", plan, plan.draft, "plain")
+        for mode in ONLY or ["adaptive", "spec", "plain"]:
+            cell(d + "-" + mode, plan, plan.draft, mode)
 json.dump(out, open(sys.argv[3], "w"))
