@@ -65,3 +65,30 @@ def test_a_warmed_engine_starts_clean_and_gives_the_goldens(overrides):
             assert toks == case["tokens"]
     finally:
         engine.stop()
+
+
+def test_a_warm_up_with_a_draft_speculates_at_every_batch_size(monkeypatch):
+    """The adaptive control decodes plainly until a batch size has settled, so the burst
+    never speculated, and on an H200 the first speculative step of a fresh process took
+    22.4 s of compiles inside a client's request. The burst's own control (`Alternating`)
+    speculates at every batch size it meets twice; the engine still starts clean."""
+    from appliance.engine import warmup
+
+    seen, real = [], warmup.warm_up
+
+    def spy(scheduler, requests):
+        seen.append(scheduler)
+        return real(scheduler, requests)
+
+    monkeypatch.setattr(warmup, "warm_up", spy)
+    plan = resolve_overrides(["server.warmup=true", "draft=mtp", "batch.max_rows=4",
+                              "batch.prefill_chunk=64"])
+    engine = build_engine(plan)
+    try:
+        (s,) = seen
+        assert isinstance(s.control, warmup.Alternating) and s.control.sizes == {1, 2, 3, 4}
+        assert s._batch.spec_ticks >= 4
+        stats = engine.stats()
+        assert stats["tokens_generated"] == 0 and stats["speculation"]["mtp"]["proposed"] == 0
+    finally:
+        engine.stop()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 from appliance.engine.budget import Budget, KVShape
 from appliance.engine.engine import Engine
 from appliance.plan import ExecutionPlan
@@ -101,10 +99,10 @@ def build_engine(plan: ExecutionPlan) -> Engine:
                                            compile_step=b.compile_step)
         warmed = 0.0
         if plan.server.warmup:  # a throwaway scheduler: no cache entries, no counters
-            from appliance.engine.warmup import burst, warm_up
+            from appliance.engine.warmup import Alternating, burst, warm_up
 
             rows = b.max_rows if b.mode == "continuous" else 1
-            warmed = warm_up(new(False, copy.deepcopy(ctl)),
+            warmed = warm_up(new(False, ctl and Alternating(ctl.k)),
                              burst(rows, b.prefill_chunk, m.vocab_size, eos_ids,
                                    plan.server.max_context))
         s = new(True, ctl)
