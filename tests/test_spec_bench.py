@@ -17,10 +17,11 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
 
     from appliance.bench import run, spec
 
-    order, real = [], spec._run_batch
+    order, controls, real = [], [], spec._run_batch
 
     def logged(sched, reqs):
         order.append("none" if sched.drafter is None else "draft")
+        controls.append(type(sched._batch.control).__name__)
         return real(sched, reqs)
 
     monkeypatch.setattr(spec, "_run_batch", logged)
@@ -49,6 +50,8 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
         assert c["median_ratio"] == round(sum(med[0]) / sum(med[1]), 3)
     # per cell: a warm-up each, then the runs alternate (drift on the machine meets both)
     assert order == ["none", "draft"] * (1 + 2) * 4
+    # the draft's warm-up speculates as a server's start-up burst does; its runs adapt
+    assert controls == (["NoneType", "Alternating"] + ["NoneType", "Control"] * 2) * 4
     assert [v["rows"] for v in r["verify_cost"]] == [1, 2]
     assert all([x["k"] for x in v["verify"]] == [1, 2, 3] for v in r["verify_cost"])
     text = spec_text(doc)
