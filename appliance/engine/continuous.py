@@ -12,10 +12,7 @@ A failed allocation (appliance/engine/memory.py) fails no row: the RAM tier and 
 buffer cache are dropped, the step's rows are requeued to continue where they stopped,
 and the batch runs one row smaller until a row finishes.
 
-A request that arrives to an idle engine runs *solo* (`runner.Decoder`,
-generate_step's arithmetic, no batch padding or masks: as fast as mlx-lm's
-serial path). When a second request can be admitted, the solo row hands its
-cache, history and sampler to the batch and both continue batched.
+A request that arrives to an idle engine runs *solo* (`appliance/engine/solo.py`).
 """
 
 from __future__ import annotations
@@ -23,36 +20,24 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from appliance.engine.budget import Budget
 from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
 from appliance.engine.memory import OUT_OF_MEMORY, Resumed, is_allocation_failure
 from appliance.engine.prefix_cache import PrefixCache
-from appliance.engine.runner import Decoder
 from appliance.engine.sampling import make_processors, make_sampler, repair_random_state
-from appliance.engine.scheduler import Counters, RowState, finish, safe_deliver, token_event
+from appliance.engine.scheduler import Counters, Row, RowState, finish, safe_deliver, token_event
+from appliance.engine.solo import SoloRow
 from appliance.engine.step import BatchStep
 from appliance.engine.types import FinishReason
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Row:
-    handle: object
-    state: RowState
-    generated: int = 0
-    cached: int = 0  # prompt tokens that came from the prefix cache
-    accepted: int = 0  # draft tokens accepted (speculative decoding)
-    rejected: int = 0  # draft tokens proposed and rejected
-    emitted: list[int] = field(default_factory=list)  # delivered tokens (to resume the row)
-
 MAX_RETRIES = 3  # failed allocations one request survives; then it fails alone
 
 
-class ContinuousScheduler:
+class ContinuousScheduler(SoloRow):
     def __init__(self, model, eos_ids: set[int], max_rows: int, prefill_chunk: int,
                  budget: Budget, prefix: PrefixCache | None = None,
                  ceiling: int | None = None, scheme: Scheme | None = None,
@@ -80,7 +65,7 @@ class ContinuousScheduler:
         self.counters = Counters(draft_method=drafter.method if drafter else None)
         self._waiting: deque = deque()
         self._rows: dict[int, Row] = {}  # BatchStep uid -> row
-        self._solo: tuple[Row, Decoder] | None = None  # a lone row, decoded unbatched
+        self._solo = None  # (Row, runner.Decoder): a lone row, decoded unbatched
         self._batch = self._new_step()
         self.row_cap = max_rows  # lowered by a failed allocation, back up as rows finish
         self.allocation_failures = 0
@@ -189,84 +174,6 @@ class ContinuousScheduler:
         if self.prefix is not None and self.ceiling is not None:
             room = self.ceiling - max(c.kv_bytes, self.budget.reserved) - self.prefix.pending_bytes
             assert self.prefix.nbytes <= max(0, room), "the RAM tier is over the ceiling"
-
-    # -- the solo row ------------------------------------------------------------
-    def _head_fits(self) -> bool:
-        """Whether the first waiting request could be admitted next to the running rows."""
-        if not self._waiting or self.active_rows() >= self.row_cap:
-            return False
-        r = self._waiting[0].request
-        return self.budget.fits_now(len(r.prompt), r.max_tokens)
-
-    def _start_solo(self) -> None:
-        h = self._waiting[0]
-        r = h.request
-        if h.cancelled or not self.budget.try_admit(h.id, len(r.prompt), r.max_tokens):
-            return self._admit()  # the usual path refuses or waits
-        self._waiting.popleft()
-        self._trim()
-        t = time.perf_counter()
-        try:
-            cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
-            decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
-                              cached=cached, checkpoints=r.checkpoints,
-                              on_checkpoint=self._checkpointer(r) if self.prefix is not None
-                              else None, scheme=self.scheme)
-        except Exception as e:  # e.g. an empty prompt: this request only
-            self.budget.release(h.id)
-            if is_allocation_failure(e):
-                return self._out_of_memory(e, [Row(h, RowState.PREFILL)])
-            log.error("a lone row could not start", exc_info=e)
-            self.counters.finished += 1
-            return finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
-        self.counters.prefill_seconds += time.perf_counter() - t
-        self._solo = (Row(h, RowState.DECODE, cached=cached), decoder)
-
-    def _solo_step(self) -> None:
-        row, d = self._solo
-        max_tokens = row.handle.request.max_tokens
-        t = time.perf_counter()
-        try:
-            tok, logprobs = d.next(last=row.generated + 1 == max_tokens)
-        except Exception as e:
-            if is_allocation_failure(e):
-                self._solo = None
-                self.budget.release(row.handle.id)
-                return self._out_of_memory(e, [row])
-            log.exception("a lone row's step failed")
-            return self._end_solo(FinishReason.ERROR, f"{type(e).__name__}: {e}")
-        finally:
-            self.counters.decode_seconds += time.perf_counter() - t
-        if tok in self.eos_ids:
-            return self._end_solo(FinishReason.STOP)
-        if not self._emit(row, tok, logprobs):
-            return self._end_solo(FinishReason.CANCELLED)
-        if row.generated == max_tokens:
-            self._end_solo(FinishReason.LENGTH)
-
-    def _hand_over(self) -> None:
-        """Move the solo row into the batch: its pending token (already sampled)
-        is emitted here, then fed as the row's one-token prompt over the solo cache."""
-        row, d = self._solo
-        self._solo = None
-        remaining = row.handle.request.max_tokens - row.generated
-        tok, logprobs = d.pending.item(), d.pending_logprobs
-        if tok in self.eos_ids:
-            return self._end_row(row, FinishReason.STOP)
-        if not self._emit(row, tok, logprobs):
-            return self._end_row(row, FinishReason.CANCELLED)
-        if remaining == 1:
-            return self._end_row(row, FinishReason.LENGTH)
-        uid = self._batch.insert([[tok]], remaining - 1, d.sampler, d.processors, cache=d.cache,
-                               tokens=d.history)
-        self._rows[uid] = row
-
-    def _end_solo(self, reason: FinishReason, error: str | None = None) -> None:
-        row, d = self._solo
-        self._solo = None
-        if self.prefix is not None and reason is not FinishReason.ERROR:
-            self._store(d.history, d.cache)  # the whole turn: the next one extends it
-        self._end_row(row, reason, error)
 
     def _end_row(self, row: Row, reason: FinishReason, error: str | None = None) -> None:
         self.budget.release(row.handle.id)

@@ -9,7 +9,7 @@ loop is gone) is evicted alone, its siblings go on.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
@@ -25,6 +25,19 @@ class RowState(enum.Enum):
     WAITING = "waiting"  # queued, no KV yet
     PREFILL = "prefill"  # admitted, prompt being processed
     DECODE = "decode"  # generating
+
+
+@dataclass
+class Row:
+    """A request a scheduler runs, and what it has emitted."""
+
+    handle: object
+    state: RowState
+    generated: int = 0
+    cached: int = 0  # prompt tokens that came from the prefix cache
+    accepted: int = 0  # draft tokens accepted (speculative decoding)
+    rejected: int = 0  # draft tokens proposed and rejected
+    emitted: list[int] = field(default_factory=list)  # delivered tokens (to resume the row)
 
 
 @dataclass

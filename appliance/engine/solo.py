@@ -1,0 +1,101 @@
+"""The solo row: a request that arrives to an idle engine runs unbatched (`runner.Decoder`,
+generate_step's arithmetic, no batch padding or masks: as fast as mlx-lm's serial path).
+When a second request can be admitted, the solo row hands its cache, history and sampler
+to the batch and both continue batched. Not with a draft: the solo path does not speculate.
+
+`SoloRow` is part of `ContinuousScheduler` (appliance/engine/continuous.py), kept apart so
+that file reads in one sitting; it uses the scheduler's state and helpers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from appliance.engine.memory import is_allocation_failure
+from appliance.engine.runner import Decoder
+from appliance.engine.scheduler import Row, RowState, finish
+from appliance.engine.types import FinishReason
+
+log = logging.getLogger(__name__)
+
+
+class SoloRow:
+    """The solo row's part of the continuous scheduler."""
+
+    def _head_fits(self) -> bool:
+        """Whether the first waiting request could be admitted next to the running rows."""
+        if not self._waiting or self.active_rows() >= self.row_cap:
+            return False
+        r = self._waiting[0].request
+        return self.budget.fits_now(len(r.prompt), r.max_tokens)
+
+    def _start_solo(self) -> None:
+        h = self._waiting[0]
+        r = h.request
+        if h.cancelled or not self.budget.try_admit(h.id, len(r.prompt), r.max_tokens):
+            return self._admit()  # the usual path refuses or waits
+        self._waiting.popleft()
+        self._trim()
+        t = time.perf_counter()
+        try:
+            cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
+            decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
+                              cached=cached, checkpoints=r.checkpoints,
+                              on_checkpoint=self._checkpointer(r) if self.prefix is not None
+                              else None, scheme=self.scheme)
+        except Exception as e:  # e.g. an empty prompt: this request only
+            self.budget.release(h.id)
+            if is_allocation_failure(e):
+                return self._out_of_memory(e, [Row(h, RowState.PREFILL)])
+            log.error("a lone row could not start", exc_info=e)
+            self.counters.finished += 1
+            return finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
+        self.counters.prefill_seconds += time.perf_counter() - t
+        self._solo = (Row(h, RowState.DECODE, cached=cached), decoder)
+
+    def _solo_step(self) -> None:
+        row, d = self._solo
+        max_tokens = row.handle.request.max_tokens
+        t = time.perf_counter()
+        try:
+            tok, logprobs = d.next(last=row.generated + 1 == max_tokens)
+        except Exception as e:
+            if is_allocation_failure(e):
+                self._solo = None
+                self.budget.release(row.handle.id)
+                return self._out_of_memory(e, [row])
+            log.exception("a lone row's step failed")
+            return self._end_solo(FinishReason.ERROR, f"{type(e).__name__}: {e}")
+        finally:
+            self.counters.decode_seconds += time.perf_counter() - t
+        if tok in self.eos_ids:
+            return self._end_solo(FinishReason.STOP)
+        if not self._emit(row, tok, logprobs):
+            return self._end_solo(FinishReason.CANCELLED)
+        if row.generated == max_tokens:
+            self._end_solo(FinishReason.LENGTH)
+
+    def _hand_over(self) -> None:
+        """Move the solo row into the batch: its pending token (already sampled)
+        is emitted here, then fed as the row's one-token prompt over the solo cache."""
+        row, d = self._solo
+        self._solo = None
+        remaining = row.handle.request.max_tokens - row.generated
+        tok, logprobs = d.pending.item(), d.pending_logprobs
+        if tok in self.eos_ids:
+            return self._end_row(row, FinishReason.STOP)
+        if not self._emit(row, tok, logprobs):
+            return self._end_row(row, FinishReason.CANCELLED)
+        if remaining == 1:
+            return self._end_row(row, FinishReason.LENGTH)
+        uid = self._batch.insert([[tok]], remaining - 1, d.sampler, d.processors, cache=d.cache,
+                               tokens=d.history)
+        self._rows[uid] = row
+
+    def _end_solo(self, reason: FinishReason, error: str | None = None) -> None:
+        row, d = self._solo
+        self._solo = None
+        if self.prefix is not None and reason is not FinishReason.ERROR:
+            self._store(d.history, d.cache)  # the whole turn: the next one extends it
+        self._end_row(row, reason, error)
