@@ -6,7 +6,7 @@ command again: no stall; docs/benchmarks.md, 8th and 9th sessions). So the serve
 what such a minute runs: every row of the batch at once, one prompt a full prefill chunk
 long, all rows decoding together (every batch size from 1 up as they join), through a
 throwaway scheduler of the plan's own kind: no prefix cache entries, no counters touched.
-Where a draft is set, every other decode step of it speculates (`Alternating`).
+Where a draft is set, it speculates too, at every batch size (`Alternating`).
 """
 
 from __future__ import annotations
