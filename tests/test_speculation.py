@@ -273,8 +273,9 @@ def test_an_mtp_head_keeps_a_plain_steps_hidden_states_as_references():
     """While rows decode plainly, the MTP drafter keeps each row's last LAG_MAX pairs
     waiting. It used to slice and trim them every step (`concatenate(...)[-LAG_MAX:]`), a
     lazy op a step per row that chained: a probe's first step evaluated the whole chain
-    (0.3-0.6 s on an H200 at B=16) and plain steps ran ~15% slower than draft=none's. The
-    waiting pairs are references now, bounded, and exact when the head takes them."""
+    (such steps took 0.2-0.6 s on an H200 at B=16, compiles included) and plain steps ran
+    at 0.83-0.88x of draft=none's. The waiting pairs are references now, bounded, and exact
+    when the head takes them (plain steps then ran at 0.95-1.0x)."""
     from appliance.engine.speculate.drafters import LAG_MAX, MTPDrafter
 
     d, states = MTPDrafter(None, None, chunk=512), []
@@ -751,9 +752,9 @@ def test_a_probe_is_charged_its_drafters_catch_up():
 def test_a_costly_probe_is_repaid_before_the_next():
     """The H200 trace of the 16th session (mtp, free code, B=16, 512 tokens a row): a plain
     step ~7.5 ms; a speculative one ~28 ms for 2.7 tokens a row; a probe's first step
-    0.3-0.6 s more (the MTP head's catch-up at a new shape). The probe gap was 32 steps
-    stretched by the probe's cost and then doubled, never below that stretch only at first:
-    runs of the same server lost ~10% to such probes. Now a probe's loss is repaid by a gap
+    0.2-0.6 s more (the MTP head's catch-up). The probe gap was 32 steps stretched by the
+    probe's cost, set at the first decision and then only doubled from the last gap: so
+    simulated, runs after the first lost up to 10%. Now a probe's loss is repaid by a gap
     of that loss over `control.SHARE`, and the first exploration pays one first step, not
     two: one control over 5 runs of 512 steps, as the bench reuses it."""
     c, before, ratios = Control(2, drift=False, full_width=True, idle_max=0), None, []
