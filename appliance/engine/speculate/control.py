@@ -56,6 +56,11 @@ PROBE = WARM + 1  # steps of a probe of the slower mode (its first one is not a 
 # Issue 12 asks B=16 never below 0.95x: an H200 probe at 16 rows (mtp) lost the time of
 # 10-90 plain steps, one-off compiles included, where a 512-token run is ~530 steps.
 SHARE = 0.02
+# Steps a batch size must have lasted before it is explored: exploring pays a switch into
+# speculation and a drafter's first pass, which only a batch size that lasts can repay. As
+# the rows of a batch left one by one, each row count explored once on the H200 (mtp, 4
+# rows: 59-234 ms against a 3-8 ms plain step) and was gone a few steps later.
+EXPLORE_AFTER = 8
 # What speculation must win its measured step time by. Its costs outlast its own steps: the
 # slots its rejected drafts leave masked widen the rows every later step attends over (up
 # to verify.COMPACT_AT), and each switch of mode restarts the pipeline. Near break-even
@@ -132,6 +137,7 @@ class Control:
     _stale: dict[int, deque | None] = field(default_factory=dict)  # B -> times before a probe
     _spent: dict[int, list] = field(default_factory=dict)  # B -> its last probe's step times
     _plain_since: dict[int, bool] = field(default_factory=dict)  # B -> a plain step since
+    _streak: tuple[int, int] = (0, 0)  # (rows, steps the batch has had that many)
 
     def budget(self, uid: int) -> int:
         """Tokens row `uid` may propose. Where a verify pass feeds every row `k + 1`
@@ -207,6 +213,8 @@ class Control:
         against 5, that measured nothing)."""
         if not self.adaptive:
             return True
+        last, steps = self._streak
+        self._streak = (rows, steps + 1 if rows == last else 0)
         idle = _bucket(rows)
         if self._idle.get(idle):
             self._idle[idle] -= 1
@@ -223,9 +231,10 @@ class Control:
             m.probe_at = n + m.gap  # the probe measured too little: keep the mode, try later
             return m.winner
         winner = self._winner(b)
-        if winner is None:
-            return settled and n % (2 * PROBE) < PROBE  # measuring both, in turn (PROBE steps:
-            # the first of each run is no measurement)
+        if winner is None:  # measuring both, in turn (PROBE steps: the first of each run is
+            # no measurement), once the batch size has lasted
+            steps = self._streak[1] - EXPLORE_AFTER
+            return settled and steps >= 0 and steps % (2 * PROBE) < PROBE
         m = self._modes.setdefault(b, _Mode())
         first = self._first_gap(b, winner)
         if not m.probe_at:
