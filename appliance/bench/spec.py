@@ -176,7 +176,7 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
 
     def plain():
         toks, _ = d.step(step.model)
-        step._observe(d.uids, [[t] for t in toks])
+        step._observe(d.uids, [[t] for t in toks], step=True)
 
     def spec(k):
         pend = d.next_tokens.tolist()

@@ -42,10 +42,10 @@ class PromptEvent:
 
 
 def observe(model, drafter, uids: list[int], fed: list[list[int]],
-            decoding: bool = False) -> None:
+            decoding: bool = False, step: bool = False) -> None:
     """Tell an MTP drafter what the model just fed each row, with its hidden states."""
     if isinstance(model, Tapped):
-        drafter.observe(uids, fed, model.hidden, decoding)
+        drafter.observe(uids, fed, model.hidden, decoding, step)
 
 
 def hidden(model) -> list:

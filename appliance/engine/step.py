@@ -107,8 +107,9 @@ class BatchStep:
         self._asked = False  # this step read the pending tokens for drafts and found none
         self._rows_were, self._same = 0, 0  # the last step's rows; steps since they changed
 
-    def _observe(self, uids: list[int], fed: list[list[int]]) -> None:
-        observe(self.model, self.drafter, uids, fed, decoding=True)
+    def _observe(self, uids: list[int], fed: list[list[int]], step: bool = False) -> None:
+        """`step`: a plain step of every decoding row (an MTP drafter logs it whole)."""
+        observe(self.model, self.drafter, uids, fed, decoding=True, step=step)
 
     # -- rows in --------------------------------------------------------------------
     def insert(self, segments: list[list[int]], max_tokens: int, sampler, processors=(),
@@ -182,7 +183,7 @@ class BatchStep:
         spec = emitted is not None
         if not spec:
             toks, logprobs = d.step(self.model, self._compiled)
-            self._observe(d.uids, [[t] for t in toks])
+            self._observe(d.uids, [[t] for t in toks], step=True)
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
         keep, events = [], []
         for i, uid in enumerate(d.uids):
