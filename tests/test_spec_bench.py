@@ -43,6 +43,8 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
             if c["rows"] == 1:  # one row: every token after its first is in that window
                 assert c[name]["full_tokens"] == c[name]["tokens"]
             assert c[name]["full_tok_s"] == max(c[name]["runs_full_tok_s"])
+            assert len(c[name]["runs_accepted"]) == 2 and c[name]["accepted"] in c[name][
+                "runs_accepted"]
         assert c["none"]["accepted"] == c["none"]["rejected"] == 0
         assert c["ratio"] == round(c["lookup"]["tok_s"] / c["none"]["tok_s"], 3)
         assert c["full_ratio"] == round(c["lookup"]["full_tok_s"] / c["none"]["full_tok_s"], 3)

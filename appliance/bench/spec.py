@@ -241,6 +241,8 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
                 best = max(rs, key=lambda r: r["tok_s"])
                 cell[name] = {**best, "runs_tok_s": [r["tok_s"] for r in rs],
                               "runs_full_tok_s": [r["full_tok_s"] for r in rs],
+                              # (which runs speculated: the control decides per run)
+                              "runs_accepted": [r["accepted"] for r in rs],
                               "full_tok_s": max(r["full_tok_s"] or 0 for r in rs)}
             del scheds
             mx.clear_cache()
