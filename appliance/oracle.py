@@ -243,7 +243,7 @@ BATCH_MODELS = ("tiny", "tiny-gemma3", "tiny-qwen3-next")
 
 def model_path(name: str) -> str:
     from appliance.models.synthetic import ensure
-    from appliance.plan.resolve import EMBEDDED_MODEL
+    from appliance.plan.source import EMBEDDED_MODEL
 
     return str(EMBEDDED_MODEL if name == "tiny" else ensure(name, "float32", None, 0))
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from appliance.api import requests as rq
-from appliance.plan.resolve import EMBEDDED_MODEL
+from appliance.plan.source import EMBEDDED_MODEL
 
 WORDS = ["def", " f(x):", "\n", "  ", " return", "é", "日本", " ", "\t", "<|im_start|>",
          "<|im_end|>", "x", "  \n", "🙂", "\n\n"]

@@ -24,7 +24,7 @@ def _cases():
 
 @pytest.mark.parametrize("group,option", list(_cases()))
 def test_every_option_composes_and_resolves(group, option):
-    from appliance.plan.resolve import EMBEDDED_MODEL
+    from appliance.plan.source import EMBEDDED_MODEL
 
     extra = REQUIRED.get((group, option), [])
     if extra is None:  # hf needs a network: it must fail with a clear PlanError instead

@@ -243,7 +243,7 @@ def test_turboquant_hadamard_needs_a_power_of_two_head_and_mla_stays_native():
 
     from appliance.plan.kv import resolve_kv
     from appliance.plan.model_info import inspect_model
-    from appliance.plan.resolve import EMBEDDED_MODEL
+    from appliance.plan.source import EMBEDDED_MODEL
 
     info = inspect_model(EMBEDDED_MODEL)
     kv = type("KV", (), {"scheme": "turboquant", "key_bits": 4, "value_bits": 4,

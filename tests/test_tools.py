@@ -13,7 +13,7 @@ import pytest
 
 from appliance.api.tools import tool_format
 from appliance.api.toolstream import CallArgs, CallStart, ToolCall, ToolCallSplitter
-from appliance.plan.resolve import EMBEDDED_MODEL
+from appliance.plan.source import EMBEDDED_MODEL
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},

@@ -15,7 +15,7 @@ from appliance.plan.draft import resolve_draft
 from appliance.plan.errors import PlanError
 from appliance.plan.kv import check_scheme, resolve_kv, rows_per_option
 from appliance.plan.machine import GiB, detect
-from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo, inspect_config, inspect_model
+from appliance.plan.model_info import COMPUTE_BYTES, inspect_config, inspect_model
 from appliance.plan.plan import (
     BatchPlan,
     CachePlan,
@@ -28,11 +28,15 @@ from appliance.plan.plan import (
     is_loopback,
 )
 from appliance.plan.sizes import parse_size
-
-EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "embedded" / "tiny"
+from appliance.plan.source import (
+    SOURCES,
+    config_dict,
+    locate_model,
+    synthetic_dtype,
+    weights_resident,
+)
 
 # What is implemented today. Later capabilities extend these sets.
-SOURCES = ("tiny", "local", "hf", "synthetic")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BATCH_MODES = ("continuous", "serial")
 # How each layer kind's rows are held when batched (mlx-lm's batch cache classes).
@@ -52,62 +56,6 @@ def _choice(problems: list[str], field: str, value: Any, valid: tuple) -> None:
         problems.append(f"{field}={value!r} is not supported; valid choices: {', '.join(valid)}")
 
 
-def _locate_model(m: Any, problems: list[str]) -> tuple[Path | None, str]:
-    """The local directory holding config.json and weights, and the served id."""
-    if m.source == "tiny":
-        return EMBEDDED_MODEL, m.name or "appliance-tiny"
-    if m.source == "local":
-        if not m.path:
-            problems.append("model.path is required with model=local (an mlx-lm model directory)")
-            return None, ""
-        p = Path(m.path).expanduser().resolve()
-        if not p.is_dir():
-            problems.append(f"model.path={m.path!r} is not a directory")
-            return None, ""
-        return p, m.name or p.name
-    if m.source == "synthetic":
-        from appliance.models.synthetic import SHAPES, TINY, synthetic_dir
-
-        if m.shape not in SHAPES and m.shape not in TINY:
-            problems.append(f"model.shape={m.shape!r} is not a known shape; valid choices: "
-                            f"{', '.join([*SHAPES, *TINY])}")
-            return None, ""
-        if m.bits not in (None, 4, 8):
-            problems.append(f"model.bits={m.bits} is not supported; valid choices: null, 4, 8")
-            return None, ""
-        return synthetic_dir(m.shape, _synthetic_dtype(m), m.bits, m.seed), \
-            m.name or f"synthetic-{m.shape}" + (f"-{m.bits}bit" if m.bits else "")
-    if m.source == "hf":
-        if not m.repo:
-            problems.append("model.repo is required with model=hf (a Hugging Face repo id)")
-            return None, ""
-        try:  # config.json and headers only; mlx_lm.load fetches weights at serve time
-            from huggingface_hub import snapshot_download
-
-            p = Path(snapshot_download(m.repo, revision=m.revision,
-                                       allow_patterns=["config.json"]))
-        except Exception as e:
-            problems.append(f"model.repo={m.repo!r}: cannot fetch its config.json ({e})")
-            return None, ""
-        return p, m.name or m.repo
-    return None, ""
-
-
-def _synthetic_dtype(m) -> str:
-    from appliance.models.synthetic import SHAPES, TINY
-
-    shape = SHAPES.get(m.shape) or TINY[m.shape]
-    return shape["torch_dtype"] if m.dtype == "auto" else m.dtype
-
-
-def _weights_resident(info: ModelInfo, dtype: str) -> int:
-    """Bytes the weights occupy once cast to `dtype` (quantized blocks unchanged)."""
-    if dtype == info.checkpoint_dtype:
-        return info.weight_bytes
-    delta = COMPUTE_BYTES[dtype] - COMPUTE_BYTES.get(info.checkpoint_dtype, 4)
-    return info.weight_bytes + delta * info.float_weight_elements
-
-
 def _auto_int(problems: list[str], field: str, value: Any) -> int | None:
     """An `auto`-or-integer knob: None for auto (derived later), else the integer."""
     if value == "auto":
@@ -120,20 +68,6 @@ def _auto_int(problems: list[str], field: str, value: Any) -> int | None:
     if n < 1:
         problems.append(f"{field}={value} must be >= 1")
     return n
-
-
-def _config_dict(m: Any, path: Path | None) -> dict:
-    """The model's config.json as a dict (synthetic shapes: the config they are built from)."""
-    import json
-
-    if m.source == "synthetic":
-        from appliance.models.synthetic import config_for
-
-        return config_for(m.shape, _synthetic_dtype(m), m.bits)
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
-        return {}
 
 
 def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
@@ -224,13 +158,13 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         problems.append(f"machine.headroom_fraction={mach.headroom_fraction} must be in [0, 1)")
 
     info = None
-    path, model_id = _locate_model(m, problems) if m.source in SOURCES else (None, "")
+    path, model_id = locate_model(m, problems) if m.source in SOURCES else (None, "")
     if path is not None:
         try:
             if m.source == "synthetic":  # described from its config: nothing is built here
                 from appliance.models.synthetic import config_for
 
-                info = inspect_config(config_for(m.shape, _synthetic_dtype(m), m.bits))
+                info = inspect_config(config_for(m.shape, synthetic_dtype(m), m.bits))
             else:
                 info = inspect_model(path)
         except PlanError as e:
@@ -260,7 +194,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                 f"dtype=float32 (the checkpoint is {info.checkpoint_dtype}): on Linux CPU, "
                 f"float32 matmuls run through {_blas.ACTIVE} BLAS, several times faster than "
                 "16-bit ones; tokens equal mlx-lm's at float32")
-    cfg_dict = _config_dict(m, path)
+    cfg_dict = config_dict(m, path)
     trained = info.max_position_embeddings
     model = ModelPlan(
         source=m.source, id=model_id, path=str(path if m.source != "hf" else m.repo),
@@ -269,7 +203,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         hidden_size=info.hidden_size, num_kv_heads=info.num_kv_heads, head_dim=info.head_dim,
         max_position_embeddings=info.max_position_embeddings, parameters=info.parameters,
         checkpoint_dtype=info.checkpoint_dtype, dtype=dtype, quantization=info.quantization,
-        weight_bytes_on_disk=info.weight_bytes, weight_bytes=_weights_resident(info, dtype),
+        weight_bytes_on_disk=info.weight_bytes, weight_bytes=weights_resident(info, dtype),
         config_sha256=info.config_sha256, weights_sample_sha256=info.weights_sample_sha256,
         synthetic={"shape": m.shape, "bits": m.bits, "seed": m.seed}
         if m.source == "synthetic" else None,
