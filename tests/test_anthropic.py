@@ -146,7 +146,7 @@ def test_errors_have_anthropics_shape(claude, plan, extra, status, fragment):
 
 
 def _refused():
-    from appliance.api.anthropic import REFUSED
+    from appliance.api.anthropic_request import REFUSED
 
     return sorted(REFUSED)
 

@@ -1,10 +1,8 @@
 """Anthropic's Messages API (`POST /v1/messages`) over the same engine and chat pipeline.
 
-The request is translated into OpenAI chat terms (`Conversation`): system prompt, content
-blocks, `tool_use` as assistant tool calls, `tool_result` as tool messages, Anthropic's
-`tool_choice` as OpenAI's. Output comes back as content blocks, with Anthropic's stream
-events, stop reasons, usage (`cache_read_input_tokens`: prompt tokens the prefix cache
-served) and error shape.
+The request is translated into OpenAI chat terms (`anthropic_request.py`). Output comes back
+as content blocks, with Anthropic's stream events, stop reasons, usage
+(`cache_read_input_tokens`: prompt tokens the prefix cache served) and error shape.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, post
@@ -22,73 +19,27 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.params import JSONBody
 from litestar.response import Stream
-from msgspec import Meta
 
 from appliance.api import metrics
+from appliance.api.anthropic_request import (
+    CountTokensRequest,
+    MessagesRequest,
+    prepare_messages,
+)
 from appliance.api.errors import (
     APIError,
     generation_failed,
     handle_http,
     handle_too_deep,
     handle_validation,
-    invalid,
-    only_known,
     typed,
 )
-from appliance.api.output import response_schema
-from appliance.api.requests import (
-    Conversation,
-    Prepared,
-    _range,
-    _stops,
-    prepare_conversation,
-)
-from appliance.api.schemas import Refused, no_effect
 from appliance.api.textgen import Done, Piece, generate
 from appliance.api.toolstream import CallArgs, CallStart, ToolCall
-from appliance.engine import SamplingParams
 
 log = logging.getLogger("appliance.api")
 
 
-class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str
-    max_tokens: int
-    messages: list[dict[str, Any]]
-    system: str | list[dict[str, Any]] | None = None
-    stop_sequences: list[str] | None = None
-    stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    output_config: Annotated[dict[str, Any], Meta(
-        description="format: a JSON schema, enforced by constrained decoding")] | None = None
-    cache_control: Annotated[dict[str, Any], no_effect("prefix caching is automatic")
-                             ] | None = None
-    metadata: Annotated[dict[str, Any], Meta(description="user_id: the `agent` label of "
-                                                         "the metrics")] | None = None
-    service_tier: Annotated[str, no_effect("one tier; 'auto' or 'standard_only'")
-                            ] | None = None
-    user_profile_id: Annotated[str, no_effect("attribution only")] | None = None
-    workspace_id: Annotated[str, no_effect("attribution only")] | None = None
-    speed: Annotated[str, Meta(description="'standard' only")] | None = None
-    # Known, not supported: refused when set.
-    thinking: Refused = None
-    container: Refused = None
-    mcp_servers: Refused = None
-    context_management: Refused = None
-    diagnostics: Refused = None
-    inference_geo: Refused = None
-
-
-REFUSED = {"thinking": "extended thinking is not supported",
-           "container": "code-execution containers are not supported",
-           "mcp_servers": "MCP servers are not supported",
-           "context_management": "context management is not supported",
-           "diagnostics": "prompt-cache diagnostics are not supported",
-           "inference_geo": "this server runs where it runs"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                415: "invalid_request_error", 429: "rate_limit_error", 500: "api_error",
@@ -124,153 +75,6 @@ def _unexpected(request: Request, exc: Exception) -> Response:
 HANDLERS = {APIError: _api_error, ValidationException: _as_anthropic(handle_validation),
             HTTPException: _as_anthropic(handle_http),
             RecursionError: _as_anthropic(handle_too_deep), Exception: _unexpected}
-
-
-# -- request -> Conversation ------------------------------------------------------------------
-# What each block may carry. cache_control is accepted: prefix caching here is automatic,
-# so every breakpoint is honored (and more).
-BLOCK_KEYS = {"text": ("type", "text", "cache_control", "citations"),
-              "tool_use": ("type", "id", "name", "input", "cache_control"),
-              "tool_result": ("type", "tool_use_id", "content", "is_error", "cache_control")}
-
-
-def _text(blocks, param: str) -> str:
-    if isinstance(blocks, str):
-        return blocks
-    if not isinstance(blocks, list):
-        raise invalid(param, "must be a string or a list of text blocks")
-    for j, b in enumerate(blocks):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"),
-                                                                                 str):
-            kind = b.get("type") if isinstance(b, dict) else type(b).__name__
-            raise invalid(f"{param}[{j}].type", f"{kind!r} blocks are not supported here "
-                                                "(text only)")
-        only_known(b, BLOCK_KEYS["text"], f"{param}[{j}]")
-    return "".join(b["text"] for b in blocks)
-
-
-def _messages(body: MessagesRequest) -> list[dict]:
-    out: list[dict] = []
-    if body.system is not None:
-        out.append({"role": "system", "content": _text(body.system, "system")})
-    for i, m in enumerate(body.messages):
-        role, content = m.get("role"), m.get("content")
-        only_known(m, ("role", "content"), f"messages[{i}]")
-        if role not in ("user", "assistant"):
-            raise invalid(f"messages[{i}].role", f"{role!r} is not one of user, assistant")
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        if not isinstance(content, list):
-            raise invalid(f"messages[{i}].content", "must be a string or a list of blocks")
-        text, calls = [], []
-        for j, b in enumerate(content):
-            kind = b.get("type") if isinstance(b, dict) else None
-            where = f"messages[{i}].content[{j}]"
-            if kind in BLOCK_KEYS:
-                only_known(b, BLOCK_KEYS[kind], where)
-            if kind == "text" and isinstance(b.get("text"), str):
-                text.append(b["text"])
-            elif kind == "tool_use" and role == "assistant":
-                calls.append({"id": b.get("id"), "type": "function",
-                              "function": {"name": b.get("name"),
-                                           "arguments": b.get("input") or {}}})
-            elif kind == "tool_result" and role == "user":
-                result = _text(b.get("content") or "", f"{where}.content")
-                if b.get("is_error"):
-                    result = f"Error: {result}"
-                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
-                            "content": result})
-            else:
-                raise invalid(f"{where}.type", f"{kind!r} blocks are not supported in "
-                                               f"{role} messages")
-        if text or calls or not any(isinstance(b, dict) and b.get("type") == "tool_result"
-                                    for b in content):
-            msg = {"role": role, "content": "".join(text)}
-            if calls:
-                msg["tool_calls"] = calls
-            out.append(msg)
-    return out
-
-
-def _tools(tools) -> list[dict] | None:
-    if tools is None:
-        return None
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") not in (None, "custom"):
-            kind = t.get("type") if isinstance(t, dict) else None
-            raise invalid(f"tools[{i}].type", f"{kind!r}: only client tools (name, "
-                                              "input_schema) are supported")
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise invalid(f"tools[{i}].name", "every tool needs a name")
-        # (strict: calls are constrained to input_schema either way)
-        only_known(t, ("type", "name", "description", "input_schema", "cache_control",
-                       "strict"), f"tools[{i}]")
-        if not isinstance(t.get("input_schema"), dict):
-            raise invalid(f"tools[{i}].input_schema", "must be a JSON schema object")
-        fn = {"name": t["name"], "parameters": t["input_schema"]}
-        if t.get("description"):
-            fn["description"] = t["description"]
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(choice) -> tuple[Any, bool | None]:
-    """Anthropic's tool_choice as (OpenAI's tool_choice, parallel_tool_calls)."""
-    if choice is None:
-        return None, None
-    kind = choice.get("type")
-    parallel = False if choice.get("disable_parallel_tool_use") else None
-    if kind in ("auto", "none"):
-        return kind, parallel
-    if kind == "any":
-        return "required", parallel
-    if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
-    raise invalid("tool_choice.type", f"{kind!r} is not one of auto, any, tool, none")
-
-
-def prepare_messages(body: MessagesRequest, plan, tokenizer) -> Prepared:
-    if body.model != plan.model.id:
-        raise APIError(404, f"model: {body.model!r} does not exist; this server serves "
-                            f"{plan.model.id!r}", param="model", code="model_not_found")
-    for name, why in REFUSED.items():
-        if getattr(body, name) is not None:
-            raise invalid(name, why)
-    if not body.messages:
-        raise invalid("messages", "must contain at least one message")
-    if body.service_tier not in (None, "auto", "standard_only"):
-        raise invalid("service_tier", f"{body.service_tier!r}: this server has one tier "
-                                      "('auto' or 'standard_only')")
-    if body.speed not in (None, "standard"):
-        raise invalid("speed", f"{body.speed!r}: only 'standard' is supported")
-    oc = body.output_config or {}
-    if oc.get("effort") is not None:
-        raise invalid("output_config.effort", "effort control is not supported")
-    schema = None
-    if oc.get("format") is not None:
-        fmt = oc["format"]
-        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-            raise invalid("output_config.format.type", "only 'json_schema' is supported")
-        only_known(fmt, ("type", "schema"), "output_config.format")
-        schema = response_schema({"type": "json_schema", "json_schema": {"schema":
-                                  fmt.get("schema")}}, "output_config.format")
-    _range("temperature", body.temperature, 0, 1)
-    _range("top_p", body.top_p, 0, 1, lo_open=True)
-    vocab = plan.model.vocab_size
-    if body.top_k is not None and not 0 <= body.top_k < vocab:
-        raise invalid("top_k", f"{body.top_k} is out of range [0, {vocab})")
-    sampling = SamplingParams(
-        temperature=plan.server.default_temperature if body.temperature is None
-        else body.temperature,
-        top_p=plan.server.default_top_p if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0)
-    tool_choice, parallel = _tool_choice(body.tool_choice)
-    conv = Conversation(_messages(body), _tools(body.tools), tool_choice, parallel, schema,
-                        max_tokens=("max_tokens", body.max_tokens),
-                        schema_param="output_config.format.schema")
-    return prepare_conversation(conv, sampling, _stops(body.stop_sequences), plan, tokenizer)
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -374,23 +178,6 @@ async def messages(request: Request, state: State,
             await gen.aclose()
 
     return Stream(events(), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The fields of /v1/messages that shape the prompt (and those that change nothing)."""
-
-    model: str
-    messages: list[dict[str, Any]]
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None
-    cache_control: Annotated[dict[str, Any], no_effect("prefix caching is automatic")
-                             ] | None = None
-    speed: Annotated[str, Meta(description="'standard' only")] | None = None
-    user_profile_id: Annotated[str, no_effect("attribution only")] | None = None
-    workspace_id: Annotated[str, no_effect("attribution only")] | None = None
-    thinking: Refused = None
 
 
 @post("/v1/messages/count_tokens", status_code=200, exception_handlers=HANDLERS)

@@ -25,7 +25,7 @@ REF = "#/components/schemas/{name}"
 def _bodies() -> tuple:
     """Every request body (each refuses fields it does not declare: the schema lists every
     field a request may carry) and the documented response bodies."""
-    from appliance.api.anthropic import CountTokensRequest, MessagesRequest
+    from appliance.api.anthropic_request import CountTokensRequest, MessagesRequest
     from appliance.api.responses import ResponsesRequest
 
     return (schemas.ChatCompletionRequest, schemas.CompletionRequest, ResponsesRequest,
