@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from appliance.engine.kv.native import whole_buffers
+from appliance.engine.kv.native import drop_tails, whole_buffers
 from appliance.engine.speculate.control import WHOLE_BUFFER, pass_width
 
 # Most tokens a drafter catches up on at a proposal. A row that decoded plainly for longer
@@ -154,11 +154,11 @@ class ModelDrafter(_Sampled):
         if not self.fed:
             return
         chained = self._steps - 1  # fed after the pending token: its own drafts
-        for i, (kept, ok) in enumerate(zip(batch.last_kept, self._ready, strict=True)):
-            drop = chained - (min(len(kept) - 1, chained) if ok else 0)
-            if drop:
-                for c in batch.extra:
-                    c.rollback(i, drop)
+        drops = [chained - (min(len(kept) - 1, chained) if ok else 0)
+                 for kept, ok in zip(batch.last_kept, self._ready, strict=True)]
+        if any(drops):  # one roll a layer (`rollback` a row at a time copied the buffers)
+            for c in batch.extra:
+                drop_tails(c, drops)
 
     def forget(self, uid: int) -> None:
         self._base.pop(uid, None)
@@ -382,9 +382,8 @@ class MTPDrafter(_Sampled):
     def settle(self, batch) -> None:
         """After the verify: drop the chained entries, queue the pairs the kept tokens
         make (the pending token's pair is in already where the row proposed)."""
-        if self.fed and self._steps > 1:
-            for i in range(len(batch.uids)):
-                batch.extra[0].rollback(i, self._steps - 1)
+        if self.fed and self._steps > 1:  # every row wrote them at the shared cursor
+            drop_tails(batch.extra[0], [self._steps - 1] * len(batch.uids))
         for i, (uid, kept) in enumerate(zip(batch.uids, batch.last_kept, strict=True)):
             ok = self.fed and self._ready[i]
             self._row(uid).add(kept, batch.last_hidden, i, skip_first=ok)
