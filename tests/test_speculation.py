@@ -351,6 +351,7 @@ def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, m
     """A row that decoded plainly for more than LAG_MAX tokens restarts its drafter's KV
     from its last LAG_MAX tokens instead of catching up on all of them (LAG_MAX 2 here,
     speculating one step in four): draft=none's tokens, and the restarts happened."""
+    from appliance.engine.kv import native
     from appliance.engine.speculate import drafters
 
     name, model, tok = loaded
@@ -360,7 +361,7 @@ def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, m
     monkeypatch.setattr(drafters, "LAG_MAX", 2)
     restarts, restart = [], drafters._restart
     monkeypatch.setattr(drafters, "_restart",
-                        lambda layers, i: restarts.append(i) or restart(layers, i))
+                        lambda layers, rows: restarts.extend(rows) or restart(layers, rows))
 
     class EveryFourth(Control):
         n = 0
@@ -371,8 +372,11 @@ def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, m
 
     d = (MTPDrafter(MTPHead.for_model(model), model, 16) if drafter == "mtp" else
          ModelDrafter(request.getfixturevalue("draft_model"), 16))
+    rows_rolled, real = [], native.roll_row_back  # (restarts too roll once a layer)
+    monkeypatch.setattr(native, "roll_row_back",
+                        lambda layout, i, n: rows_rolled.append(n) or real(layout, i, n))
     spec, s = run(model, tok, "dynamic", (d, EveryFourth(3, adaptive=False)))
-    assert s._batch.spec_ticks > 0 and restarts
+    assert s._batch.spec_ticks > 0 and restarts and not rows_rolled
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, (name, r)
 
@@ -381,23 +385,20 @@ def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, m
 def test_a_drafter_takes_back_its_rejected_drafts_in_one_pass_a_layer(loaded, drafter,
                                                                       monkeypatch, request):
     """After a verify, a draft model or MTP head drops what the model did not keep from
-    every row at once (`drop_tails`: one roll a layer). Row by row (`rollback`), each row
-    read its length back from the device and copied its layer's whole buffers: on a 2-core
-    CPU an MTP step at B=16 spent 75-85 ms of its 132-166 ms there (59-63 ms after).
-    Speculating every step, as without a draft: the tokens, and no row-by-row rollback."""
+    every row at once (`drop_tails`: one roll a layer), and rows that lagged restart
+    together. Row by row (`rollback`), each row read its length back from the device and
+    copied its layer's whole buffers: on a 2-core CPU an MTP step at B=16 spent 75-85 ms of
+    its 132-166 ms there (59-63 ms after). Speculating every step: draft=none's tokens,
+    and no row-by-row rollback (nor in `test_a_drafter_that_lagged_restarts...`)."""
     from appliance.engine.kv import native
-    from appliance.engine.speculate import drafters
 
     name, model, tok = loaded
     if drafter == "mtp" and name == "tiny-gemma3":
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     plain, _ = run(model, tok, "dynamic")
-    rows_rolled, restarting = [], []
-    real, restart = native.roll_row_back, drafters._restart
-    monkeypatch.setattr(native, "roll_row_back", lambda layout, i, n: (
-        restarting or rows_rolled.append(n)) or real(layout, i, n))
-    monkeypatch.setattr(drafters, "_restart", lambda layers, i: (  # (a lagging row, whole)
-        restarting.append(i), restart(layers, i), restarting.clear()))
+    rows_rolled, real = [], native.roll_row_back
+    monkeypatch.setattr(native, "roll_row_back",
+                        lambda layout, i, n: rows_rolled.append(n) or real(layout, i, n))
     d = (MTPDrafter(MTPHead.for_model(model), model, 16) if drafter == "mtp" else
          ModelDrafter(request.getfixturevalue("draft_model"), 16))
     spec, s = run(model, tok, "dynamic", (d, Control(3, adaptive=False)))

@@ -23,11 +23,15 @@ from appliance.engine.speculate.control import WHOLE_BUFFER, pass_width
 LAG_MAX = 31
 
 
-def _restart(layers: list, i: int) -> None:
-    """Empty row i of a drafter's own layers (its slots become padding)."""
-    n = int(layers[0].offset[i].item())
+def _restart(layers: list, rows: list[int]) -> None:
+    """Empty these rows of a drafter's own layers (their slots become padding), all in one
+    roll a layer: after a long plain stretch every row restarts at once."""
+    if not rows:
+        return
+    held = layers[0].offset.tolist()
+    drops = [n if i in rows else 0 for i, n in enumerate(held)]
     for c in layers:
-        c.rollback(i, n)
+        drop_tails(c, drops)
 
 
 def _width(n: int) -> int:
@@ -122,13 +126,14 @@ class ModelDrafter(_Sampled):
         if not steps:
             return [[] for _ in ks], None
         held = batch.extra[0].offset.tolist()  # tokens the draft holds per row
-        have = []  # per row: up to which of its tokens the draft has seen
+        have, lagging = [], []  # per row: up to which of its tokens the draft has seen
         for i, (uid, toks) in enumerate(zip(batch.uids, batch.tokens, strict=True)):
             seen = self._base.get(uid, 0) + held[i]
             if len(toks) - seen > LAG_MAX:
-                _restart(batch.extra, i)
+                lagging.append(i)
                 seen = self._base[uid] = len(toks) - LAG_MAX
             have.append(seen)
+        _restart(batch.extra, lagging)
         feeds = [[*toks[have[i]:], p][:self.chunk]
                  for i, (toks, p) in enumerate(zip(batch.tokens, pend, strict=True))]
         ready = [len(batch.tokens[i]) + 1 == have[i] + len(f) for i, f in enumerate(feeds)]
@@ -346,10 +351,9 @@ class MTPDrafter(_Sampled):
         if not steps:
             return [[] for _ in ks], None
         rows = [self._row(u) for u in batch.uids]
-        for i, r in enumerate(rows):
-            if r.restart:
-                _restart(batch.extra, i)
-                r.restart = False
+        _restart(batch.extra, [i for i, r in enumerate(rows) if r.restart])
+        for r in rows:
+            r.restart = False
         feeds = [self._take(r, p) for r, p in zip(rows, pend, strict=True)]
         self.fed = any(t for _, t, _ in feeds)  # (nothing is taken from a row with none)
         if not self.fed:
