@@ -50,6 +50,9 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
         assert c["full_ratio"] == round(c["lookup"]["full_tok_s"] / c["none"]["full_tok_s"], 3)
         med = [sorted(c[n]["runs_tok_s"]) for n in ("lookup", "none")]  # (2 runs: the mean)
         assert c["median_ratio"] == round(sum(med[0]) / sum(med[1]), 3)
+        pairs = [d / n for d, n in zip(c["lookup"]["runs_tok_s"], c["none"]["runs_tok_s"],
+                                       strict=True)]
+        assert c["paired_ratio"] == round(sum(pairs) / 2, 3)  # (2 runs: the mean)
     # per cell: a warm-up each, then the runs alternate (drift on the machine meets both)
     assert order == ["none", "draft"] * (1 + 2) * 4
     # the draft's warm-up speculates as a server's start-up burst does; its runs adapt
@@ -58,5 +61,5 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
     assert all([x["k"] for x in v["verify"]] == [1, 2, 3] for v in r["verify_cost"])
     text = spec_text(doc)
     assert "draft=lookup (k=3) against draft=none" in text and "verify cost at B=2" in text
-    assert "all-B ratio" in text and "median" in text
+    assert "all-B ratio" in text and "median" in text and "paired" in text
     assert json.loads((tmp_path / "bench.json").read_text())["result"] == r

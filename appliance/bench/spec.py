@@ -253,6 +253,11 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
                 cell["median_ratio"] = round(
                     statistics.median(cell[plan.draft.kind]["runs_tok_s"])
                     / statistics.median(cell["none"]["runs_tok_s"]), 3)
+                # each draft run against the none run just before it: a machine's drift
+                # over the runs (+-10-20% on a 2-core CPU) meets both sides of a pair alike
+                cell["paired_ratio"] = round(statistics.median(
+                    d / n for d, n in zip(cell[plan.draft.kind]["runs_tok_s"],
+                                          cell["none"]["runs_tok_s"], strict=True)), 3)
                 if cell["none"]["full_tok_s"]:
                     cell["full_ratio"] = round(cell[plan.draft.kind]["full_tok_s"]
                                                / cell["none"]["full_tok_s"], 3)
@@ -269,17 +274,19 @@ def spec_text(doc: dict) -> str:
     r = doc["result"]
     lines = [f"speculative decoding: draft={r['draft']} (k={r['k']}) against draft=none",
              f"{'workload':<8} {'B':>3} {'none tok/s':>11} {'draft tok/s':>12} {'ratio':>6} "
-             f"{'all-B ratio':>11} {'median':>6} {'accepted':>9} {'rejected':>9}"]
+             f"{'all-B ratio':>11} {'median':>6} {'paired':>6} {'accepted':>9} {'rejected':>9}"]
     for c in r["cells"]:
         d = c.get(r["draft"], c["none"])
         full = c.get("full_ratio")
         lines.append(f"{c['workload']:<8} {c['rows']:>3} {c['none']['tok_s']:>11.1f} "
                      f"{d['tok_s']:>12.1f} {c.get('ratio', 1.0):>6.2f} "
                      f"{'-' if full is None else format(full, '.2f'):>11} "
-                     f"{c.get('median_ratio', 1.0):>6.2f} {d['accepted']:>9} {d['rejected']:>9}")
+                     f"{c.get('median_ratio', 1.0):>6.2f} {c.get('paired_ratio', 1.0):>6.2f} "
+                     f"{d['accepted']:>9} {d['rejected']:>9}")
     lines.append("(ratio: tok/s from every row's first token to the last row's end; all-B "
                  "ratio: only while all B rows decode; ratio and all-B ratio compare each "
-                 "contender's best run, median its median run)")
+                 "contender's best run, median its median run, paired the median of each "
+                 "draft run over the none run before it)")
     for v in r.get("verify_cost", []):
         costs = ", ".join(f"k={x['k']}: {x['vs_plain']:.2f}x" for x in v["verify"])
         lines.append(f"verify cost at B={v['rows']} ({v['context']} tokens), against a plain "
