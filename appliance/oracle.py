@@ -51,14 +51,19 @@ def _config_sha256(path: str) -> str:
     return hashlib.sha256((Path(path) / "config.json").read_bytes()).hexdigest()
 
 
-def load(path: str, dtype: str):
-    """mlx_lm.load, then the plan's dtype cast (the only thing the appliance adds)."""
+def load(path: str, dtype: str, dequantize: bool = False):
+    """mlx_lm.load, then the plan's dtype cast and, with `dequantize`, its quantized layers
+    held dense (the only things the appliance adds)."""
     import mlx.core as mx
     from mlx_lm import load as mlx_load
 
     model, tokenizer = mlx_load(path, lazy=True)
     model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())
+    if dequantize:
+        from appliance.models.dense import dequantize as dense
+
+        dense(model, getattr(mx, dtype))
     return model, tokenizer
 
 

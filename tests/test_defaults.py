@@ -179,3 +179,58 @@ def test_cuda_counts_score_matrices_only_where_prefill_attention_is_not_fused():
         == 16 * (2048 * token + scores) + logits
     assert activations(s, 2048, 16, 2, 16384, "cuda") == 16 * 2 * (2048 * token + scores) \
         + logits
+
+
+def test_on_cuda_a_quantized_model_is_held_dense_where_it_fits(monkeypatch):
+    """model.dequantize=auto: dense on CUDA when the dense weights take at most half of usable
+    memory (the plan counts them), quantized otherwise; explicit values win or are refused."""
+    import importlib
+
+    from appliance.plan.machine import Detected
+
+    r = importlib.import_module("appliance.plan.resolve")  # the module, not its function
+
+    cpu = resolve_overrides(LLAMA_8B_4BIT)
+    assert not cpu.model.dequantized and "stay 4bit" in cpu.derived["model.dequantize"]
+    monkeypatch.setattr(r, "detect", lambda: Detected("cuda", "NVIDIA H200", 150 * 10**9, 16))
+    gpu = resolve_overrides([*LLAMA_8B_4BIT, *H200])
+    assert gpu.model.dequantized and gpu.model.dtype == "bfloat16"
+    assert gpu.model.weight_bytes == gpu.model.parameters * 2 > 3 * cpu.model.weight_bytes
+    assert gpu.memory.weights_bytes == gpu.model.weight_bytes
+    assert "held dense" in gpu.derived["model.dequantize"]
+    assert gpu.fingerprint != resolve_overrides([*LLAMA_8B_4BIT, *H200,
+                                                 "model.dequantize=false"]).fingerprint
+    big = resolve_overrides(["model=synthetic", "model.shape=llama-3-70b", "model.bits=4", *H200])
+    assert not big.model.dequantized and "over half" in big.derived["model.dequantize"]
+    plain = resolve_overrides([*LLAMA_1B, *H200])
+    assert not plain.model.dequantized and "model.dequantize" not in plain.derived
+    for bad, says in (("model.dequantize=true", "not quantized"),
+                      ("model.dequantize=maybe", "valid choices: auto, true, false")):
+        with pytest.raises(PlanError, match=says):
+            resolve_overrides([*LLAMA_1B, bad])
+
+
+def test_a_quantized_model_held_dense_serves_mlx_lms_tokens_on_those_weights():
+    """model.dequantize=true: no quantized layer is left in the engine, and greedy tokens over
+    HTTP equal mlx-lm's generate_step on the same weights held dense, cold and on a hit."""
+    import httpx
+    import mlx.nn as nn
+
+    from appliance import oracle
+
+    tiny_q4 = ["model=synthetic", "model.shape=tiny-llama", "model.bits=4"]
+    with app_for([*tiny_q4, "model.dequantize=true"]) as (plan, engine, url):
+        assert plan.model.dequantized and plan.model.quantization
+        model, tok = oracle.load(plan.model.path, plan.model.dtype, dequantize=True)
+        for m in (engine.model, model):
+            assert not any(isinstance(x, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+                           for _, x in m.named_modules())
+        quantized, _ = oracle.load(plan.model.path, plan.model.dtype)
+        assert any(isinstance(x, nn.QuantizedLinear) for _, x in quantized.named_modules())
+        prompt = "def parse(text):\n    return"
+        want = tok.decode(oracle.generate(model, tok, tok.encode(prompt), 16, {}))
+        body = {"model": plan.model.id, "prompt": prompt, "max_tokens": 16}
+        for _ in range(2):
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == want

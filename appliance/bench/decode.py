@@ -32,7 +32,8 @@ def _tps(n: int, t_start: float | None, t_end: float | None) -> float:
     return n / (t_end - t_start)
 
 
-def _mlx_lm_runs(path: Path, dtype: str, prompt: list[int], n: int, repeats: int) -> dict:
+def _mlx_lm_runs(path: Path, dtype: str, prompt: list[int], n: int, repeats: int,
+                 dequantize: bool = False) -> dict:
     """(a) mlx_lm.generate.stream_generate in this process, warm-up run first."""
     import mlx.core as mx
     from mlx_lm.generate import stream_generate
@@ -40,7 +41,7 @@ def _mlx_lm_runs(path: Path, dtype: str, prompt: list[int], n: int, repeats: int
 
     from appliance.oracle import load
 
-    model, tokenizer = load(str(path), dtype)
+    model, tokenizer = load(str(path), dtype, dequantize)
     procs = make_logits_processors(logit_bias={i: -100.0 for i in tokenizer.eos_token_ids})
     runs, reported = [], []
     for k in range(repeats + 1):
@@ -108,7 +109,8 @@ def run_decode(plan: ExecutionPlan, cfg, path: Path, tokenizer, target: str,
     """All contenders the target allows; each with its median and its ratio to mlx-lm."""
     prompt = list(tokenizer.encode(DECODE_PROMPT))  # as /v1/completions tokenizes it
     n, repeats = cfg.decode_tokens, max(1, cfg.repeats)
-    contenders = [_mlx_lm_runs(path, plan.model.dtype, prompt, n, repeats)]
+    contenders = [_mlx_lm_runs(path, plan.model.dtype, prompt, n, repeats,
+                                 plan.model.dequantized)]
     if target == "self":
         from appliance.engine import build_engine
 

@@ -290,7 +290,8 @@ def run_kv(plan: ExecutionPlan, cfg, path: Path, overrides: list[str]) -> dict:
     n, repeats, seed = cfg.decode_tokens, max(1, cfg.repeats), cfg.seed
     decode, short = [], []
     with mx.stream(mx.new_stream(mx.default_device())):
-        model, _ = runner.load(str(path), plan.model.dtype, plan.model.revision)
+        model, _ = runner.load(str(path), plan.model.dtype, plan.model.revision,
+                               dequantize=plan.model.dequantized)
         recurrent = _recurrent_bytes(model)
         capacity = _capacity(plans, budget, list(cfg.kv_capacity_contexts), recurrent)
         for rows in cfg.kv_batches:

@@ -216,7 +216,7 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
     from appliance.engine.types import GenerationRequest, SamplingParams
     from appliance.plan.draft import DraftPlan
 
-    model, _ = runner.load(str(path), plan.model.dtype)
+    model, _ = runner.load(str(path), plan.model.dtype, dequantize=plan.model.dequantized)
     bias = {i: -100.0 for i in tokenizer.eos_token_ids}
     sampling = SamplingParams(temperature=0.0, logit_bias=bias)
     contenders = {"none": DraftPlan(kind="none")}

@@ -93,8 +93,9 @@ def export_dir(plan: ExecutionPlan, src: Path) -> Path:
     """A copy of the model stored in the plan's compute dtype, for mlx_lm.server.
 
     mlx_lm.server serves weights in their stored dtype; the appliance casts them
-    to plan.model.dtype. Comparing float32 against bf16 would measure the dtype,
-    not the server, so mlx-lm gets the same weights already cast. Cached per
+    to plan.model.dtype (and may hold quantized ones dense). Comparing float32 against
+    bf16, or dense against quantized matmuls, would measure the weights, not the server,
+    so mlx-lm gets the same weights already cast (or dense). Cached per
     fingerprint (which covers model and dtype); written to a temp dir, then renamed.
     """
     import mlx.core as mx
@@ -106,7 +107,7 @@ def export_dir(plan: ExecutionPlan, src: Path) -> Path:
     if (out / "config.json").is_file():
         return out
     tmp = out.with_name(f"{out.name}.tmp-{time.time_ns()}")
-    model, _ = load(str(src), plan.model.dtype)
+    model, _ = load(str(src), plan.model.dtype, plan.model.dequantized)
     save_model(tmp, model)
     del model
     gc.collect()
@@ -117,6 +118,9 @@ def export_dir(plan: ExecutionPlan, src: Path) -> Path:
             shutil.copy2(f, tmp / f.name)
     config = json.loads((src / "config.json").read_text())
     config["torch_dtype"] = plan.model.dtype
+    if plan.model.dequantized:  # stored dense: mlx_lm must not build quantized layers
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     try:
         tmp.rename(out)
@@ -225,8 +229,9 @@ def _wait_ready(url: str, proc: subprocess.Popen, model: str, log_path: Path) ->
 
 
 def served_model_dir(plan: ExecutionPlan, src: Path) -> tuple[Path, bool]:
-    """The directory mlx_lm should load, and whether it is a dtype-cast export."""
-    if plan.model.dtype != plan.model.checkpoint_dtype:
+    """The directory mlx_lm should load, and whether it is an export (dtype-cast or held
+    dense: mlx-lm computes with the very weights the appliance does)."""
+    if plan.model.dtype != plan.model.checkpoint_dtype or plan.model.dequantized:
         return export_dir(plan, src), True
     return src, False
 

@@ -26,6 +26,9 @@ class ModelConfig:
     shape: str | None = None  # synthetic: a named real shape, e.g. llama-3.2-1b
     bits: int | None = None  # synthetic: quantize the weights to 4 or 8 bits
     seed: int = 0  # synthetic: the random weights are a function of this seed
+    # quantized weights held dense in `dtype` (more memory, faster batched matmuls): auto
+    # (on CUDA when the dense copy fits; docs/defaults.md) | true | false
+    dequantize: bool | str = "auto"
 
 
 @dataclass

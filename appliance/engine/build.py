@@ -69,7 +69,7 @@ def build_engine(plan: ExecutionPlan) -> Engine:
 
         path = m.path if m.source == "hf" else str(materialize(m))
         load.path = path  # where an MTP head in the checkpoint is read from
-        return runner.load(path, m.dtype, m.revision)
+        return runner.load(path, m.dtype, m.revision, dequantize=m.dequantized)
 
     def make_scheduler(model, eos_ids, _stream):  # the engine thread runs on it
         from appliance.engine.kv import Scheme, cores

@@ -16,13 +16,18 @@ from appliance.engine.types import SamplingParams
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
-def load(path: str, dtype: str, revision: str | None = None):
-    """(model, tokenizer) exactly as mlx_lm.load gives them, cast to the plan's dtype."""
+def load(path: str, dtype: str, revision: str | None = None, dequantize: bool = False):
+    """(model, tokenizer) exactly as mlx_lm.load gives them, cast to the plan's dtype;
+    with `dequantize`, quantized layers held dense in it (appliance.models.dense)."""
     from mlx_lm import load as mlx_load
 
     model, tokenizer = mlx_load(path, lazy=True, revision=revision)
     model.set_dtype(DTYPES[dtype])  # floating parameters only; quantized blocks stay packed
     mx.eval(model.parameters())
+    if dequantize:
+        from appliance.models.dense import dequantize as dense
+
+        dense(model, DTYPES[dtype])
     return model, tokenizer
 
 

@@ -37,6 +37,7 @@ class ModelPlan:
     config_sha256: str
     weights_sample_sha256: str  # identifies the weights' content (model_info.sample_weights)
     synthetic: dict | None = None  # {shape, bits, seed} for model=synthetic, else None
+    dequantized: bool = False  # quantized layers held dense in `dtype` (model.dequantize)
 
 
 
@@ -181,5 +182,7 @@ def fingerprint(model: ModelPlan, kv: KVPlan, draft: DraftPlan) -> str:
         # a draft model's or MTP head's layers are part of every stored row cache
         "draft": draft.kind if not draft.content else [draft.kind, draft.content],
     }
+    if model.dequantized:  # dense matmuls round differently (absent otherwise: old keys hold)
+        key["dequantized"] = True
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return "fp_" + digest[:16]

@@ -31,6 +31,8 @@ from appliance.plan.sizes import parse_size
 from appliance.plan.source import (
     SOURCES,
     config_dict,
+    dense_bytes,
+    dequantize,
     locate_model,
     synthetic_dtype,
     weights_resident,
@@ -194,6 +196,8 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                 f"dtype=float32 (the checkpoint is {info.checkpoint_dtype}): on Linux CPU, "
                 f"float32 matmuls run through {_blas.ACTIVE} BLAS, several times faster than "
                 "16-bit ones; tokens equal mlx-lm's at float32")
+    dense = dequantize(m.dequantize, info, dtype, here.backend, facts.usable, derived_why,
+                       problems)
     cfg_dict = config_dict(m, path)
     trained = info.max_position_embeddings
     model = ModelPlan(
@@ -203,10 +207,11 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         hidden_size=info.hidden_size, num_kv_heads=info.num_kv_heads, head_dim=info.head_dim,
         max_position_embeddings=info.max_position_embeddings, parameters=info.parameters,
         checkpoint_dtype=info.checkpoint_dtype, dtype=dtype, quantization=info.quantization,
-        weight_bytes_on_disk=info.weight_bytes, weight_bytes=weights_resident(info, dtype),
+        weight_bytes_on_disk=info.weight_bytes,
+        weight_bytes=dense_bytes(info, dtype) if dense else weights_resident(info, dtype),
         config_sha256=info.config_sha256, weights_sample_sha256=info.weights_sample_sha256,
         synthetic={"shape": m.shape, "bits": m.bits, "seed": m.seed}
-        if m.source == "synthetic" else None,
+        if m.source == "synthetic" else None, dequantized=dense,
     )
 
     threads, derived_why["batch.attention_threads"], problem = attention_threads(

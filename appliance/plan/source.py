@@ -1,11 +1,13 @@
 """Where a plan's model comes from: the embedded model, a local directory, a Hugging Face
-repo (its config.json only, at plan time) or a synthetic shape of random weights."""
+repo (its config.json only, at plan time) or a synthetic shape of random weights; and how
+its weights are held (the dtype cast, quantized layers held dense)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from appliance.plan.machine import GiB
 from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "embedded" / "tiny"
@@ -80,3 +82,40 @@ def config_dict(m: Any, path: Path | None) -> dict:
         return json.loads((path / "config.json").read_text())
     except (OSError, ValueError, TypeError):
         return {}
+
+
+def dense_bytes(info, dtype: str) -> int:
+    """The weights held dense: every parameter (quantized words unpacked) in `dtype`."""
+    return info.parameters * COMPUTE_BYTES[dtype]
+
+
+def dequantize(value: Any, info, dtype: str, backend: str, usable: int,
+                why: dict[str, str], problems: list[str]) -> bool:
+    """model.dequantize: hold a quantized model's layers dense in `dtype`. auto: where MLX
+    runs on CUDA, whose quantized matmuls are slow over many tokens, and the dense weights
+    take at most half of usable memory (the rest stays for KV and the prefix cache)."""
+    if value not in ("auto", True, False):
+        problems.append(f"model.dequantize={value!r}; valid choices: auto, true, false")
+        return False
+    if info.quantization is None:
+        if value is True:
+            problems.append("model.dequantize=true but the model is not quantized; valid "
+                            "choices for it: auto, false")
+        return False
+    need = dense_bytes(info, dtype)
+    if value != "auto":
+        return value
+    dense = backend == "cuda" and need <= usable // 2
+    why["model.dequantize"] = (
+        f"dequantize={str(dense).lower()}: " + (
+            f"the {info.quantization} weights held dense in {dtype} ({need / GiB:.1f} GiB of "
+            f"{usable / GiB:.1f} usable): on MLX's CUDA backend quantized matmuls over many "
+            "tokens run several times slower than dense ones (an 8B 4-bit 16-row decode step "
+            "60 ms against 11 ms on an H200); one-row steps cost the same"
+            if dense else
+            f"the weights stay {info.quantization}" + (
+                f": held dense they would need {need / GiB:.1f} GiB, over half of the "
+                f"{usable / GiB:.1f} GiB usable" if backend == "cuda" else
+                f": dense copies are derived only on CUDA, where quantized matmuls over many "
+                f"tokens were measured slow (not on {backend})")))
+    return dense
