@@ -101,6 +101,41 @@ def test_cuda_shape_policy_matches_batch_generator(loaded, schedule, prefill_row
         assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
 
 
+def test_rows_leaving_keep_the_buffer_on_the_step_grid(loaded, monkeypatch):
+    """On CUDA (`native.GRID_TRIM`) a row leaving trims the others' common left padding
+    only in whole steps, from a buffer of its own, so widths stay whole steps and a batch
+    size's shapes recur. With the CUDA shape policy on and an 8-slot step (so the short
+    test prompts trim), tokens still equal BatchGenerator's over rows joining and leaving."""
+    from appliance.engine import prefill as prefill_mod
+    from appliance.engine import rows as rows_mod
+    from appliance.engine import step as step_mod
+    from appliance.engine.kv import native
+    from appliance.engine.kv.native import FullLayout
+
+    for mod in (rows_mod, step_mod, prefill_mod):
+        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    monkeypatch.setattr(native, "GRID_TRIM", True)
+    monkeypatch.setattr(FullLayout, "step", 8)
+    seen = []  # (trimmed slots, width after, a whole number of steps)
+    filter_ = FullLayout.filter
+
+    def spy(self, keep):
+        before = self._idx
+        filter_(self, keep)
+        if self.keys is not None:
+            seen.append((before - self._idx, self.keys.shape[2], self.keys.shape[2] % 8 == 0))
+    monkeypatch.setattr(FullLayout, "filter", spy)
+    name, model, tok = loaded
+    sch = oracle.BATCH_SCHEDULES["dynamic"]
+    prompts = oracle.batch_prompts(tok)
+    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
+            for _, _, r in sch["events"]}
+    drive(_scheduler(model, tok, sch["max_rows"]), sch["events"], rows)
+    assert {r: c.tokens for r, c in rows.items()} == oracle.run_batch_schedule(model, tok, sch)
+    assert seen and all(grid for *_, grid in seen)
+    assert any(trimmed for trimmed, *_ in seen) and all(t % 8 == 0 for t, *_ in seen)
+
+
 @pytest.mark.parametrize("compile_step", [False, True])
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
 def test_attention_split_over_threads_matches_batch_generator(loaded, schedule, compile_step,

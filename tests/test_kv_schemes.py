@@ -20,7 +20,8 @@ from appliance.engine import GenerationRequest, SamplingParams
 from appliance.engine.budget import Budget, KVShape
 from appliance.engine.continuous import ContinuousScheduler
 from appliance.engine.kv import Scheme
-from appliance.engine.kv.affine import AffineCodec, on_cuda
+from appliance.engine.kv.affine import AffineCodec
+from appliance.engine.kv.native import on_cuda
 from appliance.engine.kv.turboquant import TurboCodec
 from appliance.engine.prefix_cache import PrefixCache, RamTier
 from appliance.engine.runner import Decoder, generate

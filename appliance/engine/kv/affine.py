@@ -15,11 +15,8 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 from appliance.engine.kv import affine_cuda
+from appliance.engine.kv.native import on_cuda
 from appliance.engine.kv.quantized import CODECS, masked_softmax
-
-
-def on_cuda() -> bool:
-    return mx.default_device() == mx.gpu and hasattr(mx, "cuda") and mx.cuda.is_available()
 
 
 class AffineCodec:

@@ -11,7 +11,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from appliance.engine.kv.affine import on_cuda
+from appliance.engine.kv.native import on_cuda
 
 # Multi-token passes attend over whole KV buffers where MLX compiles per key length (CUDA).
 WHOLE_BUFFER = on_cuda()
