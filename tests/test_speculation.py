@@ -375,8 +375,11 @@ def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, m
     rows_rolled, real = [], native.roll_row_back  # (restarts too roll once a layer)
     monkeypatch.setattr(native, "roll_row_back",
                         lambda layout, i, n: rows_rolled.append(n) or real(layout, i, n))
+    emptied, empty = [], drafters.empty  # every row at once: fresh full-attention buffers
+    monkeypatch.setattr(drafters, "empty", lambda c: emptied.append(e := empty(c)) or e)
     spec, s = run(model, tok, "dynamic", (d, EveryFourth(3, adaptive=False)))
     assert s._batch.spec_ticks > 0 and restarts and not rows_rolled
+    assert any(emptied)
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, (name, r)
 

@@ -325,6 +325,21 @@ def roll_row_back(layout, i: int, n: int) -> None:
     layout.left_padding = layout.left_padding + step.astype(layout.left_padding.dtype)
 
 
+def empty(layout) -> bool:
+    """Drop every row's KV from a full-attention layout at once: a fresh buffer, written
+    again from slot 0 (rows keep their count). False for any other layout."""
+    if type(layout) not in (FullLayout, BatchKVCache):
+        return False
+    layout.keys = layout.values = None
+    layout._idx = 0
+    layout.offset = mx.zeros_like(layout.offset)
+    layout.left_padding = mx.zeros_like(layout.left_padding)
+    layout._right_padding = None
+    if isinstance(layout, FullLayout):
+        layout._holes = None
+    return True
+
+
 def drop_tails(layout, counts: list[int], holes: bool = False) -> None:
     """After a right-padded pass that has not been finalized: drop each row's last
     counts[i] positions (its padding, then its rejected drafts) in one roll per layer,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from appliance.engine.kv.native import drop_tails, whole_buffers
+from appliance.engine.kv.native import drop_tails, empty, whole_buffers
 from appliance.engine.speculate.control import WHOLE_BUFFER, pass_width
 
 # Most tokens a drafter catches up on at a proposal. A row that decoded plainly for longer
@@ -25,12 +25,16 @@ LAG_MAX = 31
 
 def _restart(layers: list, rows: list[int]) -> None:
     """Empty these rows of a drafter's own layers (their slots become padding), all in one
-    roll a layer: after a long plain stretch every row restarts at once."""
+    roll a layer. After a long plain stretch every row restarts at once: then full-attention
+    layers start a fresh buffer instead, so the catch-up pass meets the same shapes at every
+    probe (its buffer otherwise kept the padding of every earlier restart, and grew)."""
     if not rows:
         return
     held = layers[0].offset.tolist()
     drops = [n if i in rows else 0 for i, n in enumerate(held)]
     for c in layers:
+        if len(rows) == len(held) and empty(c):
+            continue
         drop_tails(c, drops)
 
 
