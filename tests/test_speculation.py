@@ -269,6 +269,38 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch, requ
         assert all(n == pass_width(n) for n in widths), widths
 
 
+@pytest.mark.parametrize("drafter", ["scripted", "mtp"])
+def test_under_the_cuda_shape_policy_buffers_stay_whole_steps_wide(drafter, monkeypatch):
+    """Every pass over whole buffers (verify, a drafter's, a plain step) sees a buffer a
+    whole number of steps wide, so a batch size meets few widths. `reserve` used to grow a
+    buffer by whole steps from the cursor: at a cursor of 767, to 1023 slots, then 1279,
+    a new width (new CUDA graphs) at each growth (lookup at B=4 met new ones every run).
+    An 8-slot step here, so the short test rows grow often."""
+    from appliance.engine import prefill, rows, step, verify
+    from appliance.engine.kv import native
+    from appliance.engine.kv.native import FullLayout
+    from appliance.engine.speculate import drafters
+
+    model, tok = oracle.load(oracle.model_path("tiny"), "float32")
+    plain, _ = run(model, tok, "dynamic")
+    for mod in (drafters, verify, step, rows, prefill):
+        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    monkeypatch.setattr(native, "GRID_TRIM", True)
+    monkeypatch.setattr(FullLayout, "step", 8)
+    widths, make_mask = [], FullLayout.make_mask
+    monkeypatch.setattr(FullLayout, "make_mask", lambda self, N, **kw: widths.append(
+        self.keys.shape[2] if self.whole_buffer else None) or make_mask(self, N, **kw))
+    draft = (Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), Control(4)) \
+        if drafter == "scripted" else (MTPDrafter(MTPHead.for_model(model), model, 16),
+                                       Control(3, adaptive=False))
+    spec, s = run(model, tok, "dynamic", draft)
+    assert s._batch.spec_ticks > 0
+    whole = [w for w in widths if w is not None]
+    assert len(set(whole)) > 2 and all(w % 8 == 0 for w in whole), sorted(set(whole))
+    for r in plain:
+        assert spec[r].tokens == plain[r].tokens, r
+
+
 def test_an_mtp_head_keeps_a_plain_steps_hidden_states_as_references():
     """While rows decode plainly, the MTP drafter keeps each row's last LAG_MAX pairs
     waiting. It used to slice and trim them every step (`concatenate(...)[-LAG_MAX:]`), a

@@ -34,10 +34,12 @@ class FullLayout(BatchKVCache):
     _holes = None
 
     def reserve(self, n: int) -> None:
-        """Allocate room for n more tokens now (the mask is built before the write)."""
+        """Allocate room for n more tokens now (the mask is built before the write), the
+        buffer a whole number of steps wide: a buffer grown by whole steps from an
+        off-grid cursor (767 + 256 = 1023) met a new width at almost every growth."""
         if self.keys is not None and self._idx + n <= self.keys.shape[2]:
             return
-        self._regrow((self.step + n - 1) // self.step * self.step)
+        self._regrow(-(-(self._idx + n) // self.step) * self.step - self._idx)
 
     def on_grid(self, n: int) -> None:
         """Make the buffer a whole number of `step` slots with room for n more tokens, as
