@@ -195,7 +195,8 @@ def test_on_cuda_a_quantized_model_is_held_dense_where_it_fits(monkeypatch):
     monkeypatch.setattr(r, "detect", lambda: Detected("cuda", "NVIDIA H200", 150 * 10**9, 16))
     gpu = resolve_overrides([*LLAMA_8B_4BIT, *H200])
     assert gpu.model.dequantized and gpu.model.dtype == "bfloat16"
-    assert gpu.model.weight_bytes == gpu.model.parameters * 2 > 3 * cpu.model.weight_bytes
+    bf16 = resolve_overrides([*LLAMA_8B_4BIT[:2], *H200, "model.dtype=bfloat16"])
+    assert gpu.model.weight_bytes == bf16.model.weight_bytes > 3 * cpu.model.weight_bytes
     assert gpu.memory.weights_bytes == gpu.model.weight_bytes
     assert "held dense" in gpu.derived["model.dequantize"]
     assert gpu.fingerprint != resolve_overrides([*LLAMA_8B_4BIT, *H200,

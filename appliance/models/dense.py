@@ -20,8 +20,9 @@ def dequantize(model, dtype) -> int:
 
     def dense_weight(q):
         w = mx.dequantize(q.weight, q.scales, q.get("biases"), q.group_size, q.bits,
-                          mode=getattr(q, "mode", "affine"))
-        return w.astype(dtype)
+                          mode=getattr(q, "mode", "affine"), dtype=dtype)
+        mx.eval(w)  # one layer's temporaries at a time, not the whole model's at once
+        return w
 
     swaps = []
     for name, q in model.named_modules():

@@ -85,8 +85,11 @@ def config_dict(m: Any, path: Path | None) -> dict:
 
 
 def dense_bytes(info, dtype: str) -> int:
-    """The weights held dense: every parameter (quantized words unpacked) in `dtype`."""
-    return info.parameters * COMPUTE_BYTES[dtype]
+    """The weights held dense in `dtype`: the quantized ones unpacked, without their affine
+    scales and biases (two a group, counted among the float elements)."""
+    group = int(info.quantization.split("/g")[1]) if info.quantization else 0
+    unpacked = info.parameters - info.float_weight_elements
+    return (info.parameters - (2 * unpacked // group if group else 0)) * COMPUTE_BYTES[dtype]
 
 
 def dequantize(value: Any, info, dtype: str, backend: str, usable: int,
