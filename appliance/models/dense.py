@@ -5,7 +5,7 @@ Why: on MLX's CUDA backend the quantized matmul is fast for one token and slow f
 On an H200 (Llama-3-8B shape, 4-bit) a 512-token prefill over 2k cached tokens took 70.6 ms
 quantized against 19.1 ms dense, a 16-row decode step 60.2 ms against 11.4 ms, and a
 one-row step the same (8.0 / 7.7 ms); docs/benchmarks.md. The plan turns it on where it
-pays and fits (appliance.plan.resolve).
+pays and fits (`appliance.plan.source.dequantize`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ def dequantize(model, dtype) -> int:
     from mlx.utils import tree_unflatten
 
     def dense_weight(q):
-        w = mx.dequantize(q.weight, q.scales, q.get("biases"), q.group_size, q.bits,
-                          mode=getattr(q, "mode", "affine"), dtype=dtype)
-        mx.eval(w)  # one layer's temporaries at a time, not the whole model's at once
-        return w
+        return mx.dequantize(q.weight, q.scales, q.get("biases"), q.group_size, q.bits,
+                             mode=getattr(q, "mode", "affine"), dtype=dtype)
 
     swaps = []
     for name, q in model.named_modules():
