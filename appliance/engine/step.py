@@ -34,7 +34,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.compiled import CompiledDecode
-from appliance.engine.kv import Scheme
+from appliance.engine.kv import Scheme, native_cuda
 from appliance.engine.prefill import Prefill, PromptEvent, observe
 from appliance.engine.rows import _Decoding
 from appliance.engine.sampling import SeededSampler
@@ -82,6 +82,7 @@ class BatchStep:
         """`scheme`: the plan's KV scheme (native when None). `drafter`: proposes draft
         tokens per row (None: no speculation); `control`: how many, and when. `compiled`:
         plain decode steps as a compiled graph; `compile_verify`: verify passes too."""
+        native_cuda.install()  # masked decode attention on CUDA (a no-op elsewhere)
         self.model, self.stop_tokens = model, set(stop_tokens)
         self.max_rows, self.prefill_chunk, self.prefill_rows = max_rows, prefill_chunk, \
             prefill_rows
