@@ -284,3 +284,26 @@ def test_masked_tails_equal_rolled_tails():
     for a, b in zip(rows_of(rolled, 3), rows_of(masked, 3), strict=True):
         assert all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
     assert mx.allclose(attend(rolled, 3), attend(masked, 3), atol=1e-6).item()
+
+
+def test_the_masked_decode_kernels_take_one_query_token_with_a_row_mask_only():
+    """native_cuda's routing rule (its kernels run on CUDA only, tests/test_kv_cuda.py):
+    a batched decode step's shapes go to the kernels, anything else to MLX; and installing
+    it changes nothing where MLX does not run on CUDA."""
+    from appliance.engine.kv import native_cuda
+
+    q, k = mx.zeros((3, 8, 1, 64)), mx.zeros((3, 2, 100, 64))
+    rows = mx.ones((3, 1, 1, 100), mx.bool_)
+    assert native_cuda.covers(q, k, rows)
+    assert native_cuda.covers(q, k, mx.zeros((1, 1, 1, 100), mx.bfloat16))  # additive
+    assert not native_cuda.covers(q, k, None)  # MLX's fused kernel already takes it
+    assert not native_cuda.covers(q, k, "causal")
+    assert not native_cuda.covers(mx.zeros((3, 8, 2, 64)), k, mx.ones((3, 1, 2, 100), mx.bool_))
+    assert not native_cuda.covers(q, k, mx.ones((3, 8, 1, 100), mx.bool_))  # per head
+    assert not native_cuda.covers(q, k, mx.ones((3, 1, 1, 99), mx.bool_))
+    assert not native_cuda.covers(mx.zeros((3, 8, 1, 16)), mx.zeros((3, 2, 100, 16)),
+                                  mx.ones((3, 1, 1, 100), mx.bool_))  # head dim
+    assert not native_cuda.covers(mx.zeros((3, 32, 1, 64)), mx.zeros((3, 2, 100, 64)), rows)
+    before = mx.fast.scaled_dot_product_attention
+    native_cuda.install()
+    assert mx.fast.scaled_dot_product_attention is before or native_cuda.available()
