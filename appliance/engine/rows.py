@@ -9,7 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.compiled import compilable
-from appliance.engine.kv.native import whole_buffers
+from appliance.engine.kv.passes import whole_buffers
 from appliance.engine.speculate import WHOLE_BUFFER
 from appliance.engine.verify import Verifying
 

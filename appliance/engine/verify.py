@@ -12,7 +12,8 @@ from __future__ import annotations
 import mlx.core as mx
 
 from appliance.engine.compiled import compilable
-from appliance.engine.kv.native import FullLayout, RecurrentLayout, drop_tails, whole_buffers
+from appliance.engine.kv.native import FullLayout, RecurrentLayout, drop_tails
+from appliance.engine.kv.passes import whole_buffers
 from appliance.engine.sampling import SeededSampler, distribution, row_key
 from appliance.engine.speculate import WHOLE_BUFFER, accept_deterministic, accept_sampled
 

@@ -65,7 +65,7 @@ def masked_softmax(scores: mx.array, mask, grouped: bool) -> mx.array:
 class _Dense:
     """Float K/V attended with matmuls and mlx-lm's quantized-attention softmax (scores in
     the compute dtype, a precise softmax): a few query tokens over whole buffers, where
-    MLX's fused attention would build a graph per shape on CUDA (native.whole_buffers)."""
+    MLX's fused attention would build a graph per shape on CUDA (passes.whole_buffers)."""
 
     name = "dense"
 
@@ -91,7 +91,7 @@ _pass = threading.local()  # .dense: this thread runs a verify's or drafter's sh
 
 def dense_pass(on: bool) -> bool:
     """Set whether float KV of multi-token passes on this thread is attended by DENSE
-    (native.whole_buffers); returns the setting it replaces."""
+    (passes.whole_buffers); returns the setting it replaces."""
     was = getattr(_pass, "dense", False)
     _pass.dense = on
     return was
@@ -226,7 +226,7 @@ class QuantRowCache(_Stored, QuantizedKVCache):
 class QuantLayout(_Stored, BatchKVCache):
     """Many rows' encoded KV, left-padded to one write cursor (`_idx`); `offset` per row."""
 
-    causal = False  # a lone row's prefill: the "causal" mask MLX fuses (native.causal)
+    causal = False  # a lone row's prefill: the "causal" mask MLX fuses (passes.causal)
 
     def __init__(self, left_padding: list[int], codec, reference: bool = False):
         super().__init__(left_padding)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from appliance.engine.kv.native import drop_tails, empty, whole_buffers
+from appliance.engine.kv.native import drop_tails, empty
+from appliance.engine.kv.passes import whole_buffers
 from appliance.engine.speculate.control import WHOLE_BUFFER, pass_width
 
 # Most tokens a drafter catches up on at a proposal. A row that decoded plainly for longer
