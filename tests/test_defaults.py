@@ -205,6 +205,8 @@ def test_on_cuda_a_quantized_model_is_held_dense_where_it_fits(monkeypatch):
     assert not big.model.dequantized and "over half" in big.derived["model.dequantize"]
     plain = resolve_overrides([*LLAMA_1B, *H200])
     assert not plain.model.dequantized and "model.dequantize" not in plain.derived
+    # native KV: the plan says a batch decodes through the masked kernels there, not here
+    assert "masked CUDA kernels" in plain.kv.attention and cpu.kv.attention == "fused SDPA"
     for bad, says in (("model.dequantize=true", "not quantized"),
                       ("model.dequantize=maybe", "valid choices: auto, true, false")):
         with pytest.raises(PlanError, match=says):

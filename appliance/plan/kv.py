@@ -22,6 +22,7 @@ ROTATIONS = ("hadamard", "orthogonal")
 AFFINE_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
 GROUP_SIZES = (32, 64, 128)
 BOUNDARY = 2  # attention layers kept native at each end of a dense model
+NATIVE_CUDA_DIMS = (64, 128, 256)  # head dims of the masked decode kernels (engine/kv/native_cuda)
 # The conf/kv/ options, for the plan's per-option capacity table.
 def _options() -> dict:
     """conf/kv/<option>.yaml's scheme and bits (what sets one option apart), native first."""
@@ -121,10 +122,15 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
                             f"{', '.join(k for k, v in UNUSED.items() if f not in v)}")
     if kv.scheme == "native":
         native = 2 * width * len(full)
+        attention = "fused SDPA"
+        if backend == "cuda" and dim in NATIVE_CUDA_DIMS:
+            attention = ("decode in a batch: masked CUDA kernels (its rows are left-padded, and "
+                         "MLX fuses attention only without a mask; query groups of at most 8); "
+                         "a lone row and prefill: fused SDPA")
         return None if len(problems) > n_problems else KVPlan(
             scheme="native", dtype=dtype, key_bits=None, value_bits=None, group_size=None,
             rotation=None, rotation_seed=None, head_dim=dim, start=0,
-            keep_layers=tuple(full), quantized_layers=(), attention="fused SDPA",
+            keep_layers=tuple(full), quantized_layers=(), attention=attention,
             bytes_per_token=native, native_bytes_per_token=native,
             sliding_bytes_per_token=2 * width * info.layer_kinds.count("sliding"),
             layers=_layers(info, dtype, 2 * width, None))

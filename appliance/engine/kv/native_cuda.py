@@ -24,10 +24,10 @@ import functools
 import mlx.core as mx
 
 from appliance.engine.kv.cuda_decode import available
+from appliance.plan.kv import NATIVE_CUDA_DIMS as DIMS  # what the plan says runs here
 
 CHUNK = 256  # keys per block
 WARPS = 4
-DIMS = (64, 128, 256)
 MAX_GROUP = 8  # query heads per kv head held in registers
 
 _PARTIAL = """
