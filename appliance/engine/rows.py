@@ -41,6 +41,7 @@ class _Batch:
             elif theirs:
                 for a, b in zip(mine, theirs, strict=True):
                     a.extend(b)
+        mx.async_eval(_books(self.layers + self.extra))  # (see _books)
         for name in ROW_LISTS:
             getattr(self, name).extend(getattr(other, name))
 
@@ -48,7 +49,9 @@ class _Batch:
         if not keep:
             self.layers, self.extra = [], []
         else:
-            for c in self.layers + self.extra:
+            layers = self.layers + self.extra
+            mx.eval(_books(layers))  # one wait for every layer (see _books)
+            for c in layers:
                 c.filter(keep)
         for name in ROW_LISTS:
             setattr(self, name, [getattr(self, name)[i] for i in keep])
@@ -59,6 +62,14 @@ class _Batch:
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.layers + self.extra)
+
+
+def _books(layers: list) -> list[mx.array]:
+    """The layers' per-row bookkeeping (left padding, lengths): a filter or extract reads it
+    on the host, and reading one lazy array waits for the device, once a layer: on an H200
+    (8B shape, 32 layers) a row leaving cost ~45 ms so, against ~5 ms with one wait."""
+    return [x for c in layers for x in (getattr(c, "left_padding", None),
+                                        getattr(c, "offset", None)) if isinstance(x, mx.array)]
 
 
 class _Decoding(_Batch, Verifying):

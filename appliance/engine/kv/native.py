@@ -139,13 +139,16 @@ class FullLayout(BatchKVCache):
         if not keep or (self._holes is None and not GRID_TRIM):
             return super().filter(batch_indices)
         rows, holes = mx.array(keep), self._holes
-        trim = min(self.left_padding[rows].tolist())  # as mlx-lm's
+        pads = self.left_padding.tolist()  # (read on the host: a new lazy array would wait)
+        trim = min(pads[i] for i in keep)  # as mlx-lm's
         if GRID_TRIM:
             trim = trim // self.step * self.step
             if self.keys is not None:
                 self.keys = self.keys[..., trim:, :][rows]
                 self.values = self.values[..., trim:, :][rows]
-            self.offset, self.left_padding = self.offset[rows], self.left_padding[rows] - trim
+            self.offset = self.offset[rows]
+            self.left_padding = mx.array([pads[i] - trim for i in keep],
+                                         self.left_padding.dtype)
             self._idx -= trim
         else:
             super().filter(batch_indices)

@@ -262,13 +262,14 @@ class QuantLayout(_Stored, BatchKVCache):
         if self.keys is not None:
             self.keys = tuple(x[idx] for x in self.keys)
             self.values = tuple(x[idx] for x in self.values)
-        self.offset, self.left_padding = self.offset[idx], self.left_padding[idx]
-        shift = min(self.left_padding.tolist())
+        pads = self.left_padding.tolist()  # (on the host: a new lazy array would wait)
+        shift = min(pads[i] for i in keep)
+        self.offset = self.offset[idx]
+        self.left_padding = mx.array([pads[i] - shift for i in keep], self.left_padding.dtype)
         if shift > 0:  # padding every row shares
             self.keys = _slice(self.keys, shift, None)
             self.values = _slice(self.values, shift, None)
             self._idx -= shift
-            self.left_padding -= shift
 
     def extend(self, other: QuantLayout) -> None:
         """Right-align both to the later cursor, then stack the rows."""
