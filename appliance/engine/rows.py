@@ -10,6 +10,7 @@ from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.compiled import compilable
 from appliance.engine.kv.passes import whole_buffers
+from appliance.engine.sampling import BiasTable, after_bias
 from appliance.engine.speculate import WHOLE_BUFFER
 from appliance.engine.verify import Verifying
 
@@ -82,6 +83,7 @@ class _Decoding(_Batch, Verifying):
         self.next_logprobs: list[mx.array] = []
         self.context: list[TokenBuffer] = []  # token history for logits processors
         self.generated: list[int] = []
+        self.biases = BiasTable()
 
     def extend(self, other: _Decoding) -> None:
         super().extend(other)
@@ -117,16 +119,19 @@ class _Decoding(_Batch, Verifying):
                 logits = model(inputs[:, None], cache=self.layers)[:, -1, :]
         context = []
         if any(self.processors):
-            rows = []
-            for e, procs in enumerate(self.processors):
-                row = logits[e:e + 1]
-                if procs:
-                    ctx = self.context[e].update_and_fetch(inputs[e:e + 1])
-                    context.append(ctx)
-                    for p in procs:
-                        row = p(ctx, row)
-                rows.append(row)
-            logits = mx.concatenate(rows, axis=0)
+            logits = self.biases.add(logits, self.processors)  # every row's bias at once
+            rest = [after_bias(p) for p in self.processors]
+            if any(rest):
+                rows = []
+                for e, procs in enumerate(rest):
+                    row = logits[e:e + 1]
+                    if procs:
+                        ctx = self.context[e].update_and_fetch(inputs[e:e + 1])
+                        context.append(ctx)
+                        for p in procs:
+                            row = p(ctx, row)
+                    rows.append(row)
+                logits = mx.concatenate(rows, axis=0)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         if all(s is self.samplers[0] for s in self.samplers):
             sampled = self.samplers[0](logprobs)  # one call for rows sharing a sampler

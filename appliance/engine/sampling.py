@@ -9,6 +9,8 @@ whatever else is in the batch.
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 from mlx_lm.sample_utils import (
     apply_min_p,
@@ -89,20 +91,78 @@ def row_key(sampler) -> mx.array | None:
 
 
 def make_sampler(s: SamplingParams):
-    """Greedy rows share mlx-lm's greedy sampler (so a greedy batch samples in one call)."""
+    """Greedy rows share mlx-lm's greedy sampler, and unseeded rows alike one sampler (so
+    such a batch samples in one call)."""
     if s.temperature == 0:
         return greedy_sampler
     if s.seed is not None:
         return SeededSampler(s)
-    return mlx_make_sampler(temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
+    return _unseeded(s.temperature, s.top_p, s.min_p, s.top_k)
+
+
+@functools.lru_cache(maxsize=256)
+def _unseeded(temperature: float, top_p: float, min_p: float, top_k: int):
+    """Unseeded rows with the same settings share one sampler (it draws from the global
+    stream and holds no state), so a batch of them samples in one call, not one a row."""
+    return mlx_make_sampler(temp=temperature, top_p=top_p, min_p=min_p, top_k=top_k)
+
+
+class LogitBias:
+    """mlx-lm's logit-bias processor (the same add), kept as data: a batch adds every row's
+    bias in one scatter (`BiasTable`) rather than one pass per row. It reads no history
+    (`context_free`), so a speculative step applies it to all of a row's positions at once."""
+
+    context_free = True
+
+    def __init__(self, bias: dict[int, float]):
+        self.tokens = list(bias)
+        self.indices, self.values = mx.array(self.tokens), mx.array(list(bias.values()))
+
+    def __call__(self, _, logits: mx.array) -> mx.array:
+        return logits.at[:, self.indices].add(self.values)
+
+
+def reads_history(procs) -> bool:
+    """Whether any of a row's processors reads its token history."""
+    return any(not getattr(p, "context_free", False) for p in procs)
+
+
+def after_bias(procs) -> tuple:
+    """A row's processors past its logit bias (which `BiasTable` applies for the batch)."""
+    return tuple(procs[1:]) if procs and isinstance(procs[0], LogitBias) else tuple(procs)
+
+
+class BiasTable:
+    """Each row's LogitBias (always its first processor) over a batch's logits, as one
+    scatter: per element the same add as row by row, without a pass per row (16 rows on
+    an H200 launched 16 small passes a step). Rebuilt when the rows' biases change."""
+
+    def __init__(self):
+        self._of: tuple = ()
+        self._arrays = None
+
+    def add(self, logits: mx.array, processors: list) -> mx.array:
+        """`logits` [B, V] or [B, L, V] (every position of a row gets its bias)."""
+        of = tuple(p[0] if p and isinstance(p[0], LogitBias) else None for p in processors)
+        if len(of) != len(self._of) or any(a is not b for a, b in zip(of, self._of, strict=True)):
+            rows, toks, vals = [], [], []
+            for i, b in enumerate(of):
+                if b is not None:
+                    rows += [i] * len(b.tokens)
+                    toks += b.tokens
+                    vals.append(b.values)
+            self._of = of  # (holding them: an id is not reused while compared)
+            self._arrays = (mx.array(rows), mx.array(toks), mx.concatenate(vals)) \
+                if rows else None
+        if self._arrays is None:
+            return logits
+        r, t, v = self._arrays
+        return logits.at[r, t].add(v) if logits.ndim == 2 else logits.at[r, :, t].add(v[:, None])
 
 
 def make_processors(s: SamplingParams) -> list:
-    """mlx-lm's processors, in its order. The logit-bias one reads no history: it is marked
-    `context_free`, so a speculative step applies it to all of a row's positions at once."""
-    procs = make_logits_processors(logit_bias=s.logit_bias)
-    for p in procs:
-        p.context_free = True
+    """mlx-lm's processors, in its order (the logit bias first, as `LogitBias`)."""
+    procs: list = [LogitBias(s.logit_bias)] if s.logit_bias else []
     procs += make_logits_processors(
         repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
         frequency_penalty=s.frequency_penalty)

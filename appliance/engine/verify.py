@@ -14,7 +14,7 @@ import mlx.core as mx
 from appliance.engine.compiled import compilable
 from appliance.engine.kv.native import FullLayout, RecurrentLayout, drop_tails
 from appliance.engine.kv.passes import whole_buffers
-from appliance.engine.sampling import SeededSampler, distribution, row_key
+from appliance.engine.sampling import SeededSampler, distribution, reads_history, row_key
 from appliance.engine.speculate import WHOLE_BUFFER, accept_deterministic, accept_sampled
 
 # Rows that keep fewer tokens than the batch's longest run leave masked slots behind
@@ -76,7 +76,7 @@ class Verifying:
         self.last_fed, self.last_kept = fed, kept  # for the drafter's own rollback
         for i, toks in enumerate(kept):
             self.tokens[i].extend(toks)  # now in the row's KV
-            if self.processors[i]:
+            if reads_history(self.processors[i]):
                 self.context[i].update_and_fetch(mx.array(toks))
         self.next_tokens, self.next_logprobs = mx.array(new_pend), new_lp
         self.known_pend = new_pend
@@ -116,13 +116,17 @@ class Verifying:
     def shared_sampling(self) -> bool:
         """Every row samples with one sampler, no logits processors, no per-row key (a
         seeded row draws one key per token): one sampling call serves all positions."""
-        return not any(self.processors) and all(s is self.samplers[0] for s in self.samplers) \
+        return not any(self.processors) and self._one_sampler()
+
+    def _one_sampler(self) -> bool:
+        return all(s is self.samplers[0] for s in self.samplers) \
             and not isinstance(self.samplers[0], SeededSampler)
 
     def _sample_all(self, logits: mx.array, fed: list[list[int]]):
         """Per row, log-probabilities [n_i, V] at each fed position (logits processors
         applied with the history up to that position) and each position's sample."""
-        if self.shared_sampling():
+        if not any(map(reads_history, self.processors)) and self._one_sampler():
+            logits = self.biases.add(logits, self.processors)  # (every row's bias at once)
             lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             B, L, V = lp.shape
             sampled = self.samplers[0](lp.reshape(B * L, V)).reshape(B, L)

@@ -71,11 +71,15 @@ class _Sampled:
 
     def _draw(self, batch, logits: mx.array, pend: list[int], drafts: list[list[int]],
               qs: list[list], ks: list[int], ready: list[bool], j: int) -> list[int]:
-        from appliance.engine.sampling import distribution, row_key
+        from appliance.engine.sampling import distribution, reads_history, row_key
 
         greedy = [p is None or p.temperature == 0 for p in batch.params]
         if all(greedy) and not any(batch.processors):
             toks = mx.argmax(logits, axis=-1).tolist()
+        elif all(greedy) and not any(map(reads_history, batch.processors)):
+            logits = batch.biases.add(logits, batch.processors)  # every row's bias at once
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            toks = mx.argmax(lp, axis=-1).tolist()
         else:  # per row, lazily; one read for the whole batch
             picks = []
             for i in range(len(ks)):
