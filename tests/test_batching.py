@@ -230,3 +230,46 @@ def test_solo_hand_over_with_sliding_and_recurrent_layers(shape):
         assert c.finished.reason in (FinishReason.LENGTH, FinishReason.STOP), c.finished
         want = oracle.generate(model, tok, c.request.prompt, c.request.max_tokens, {})
         assert c.tokens == want  # batched == serial on this backend at these sizes
+
+
+def test_a_batchs_logit_biases_are_one_scatter_with_the_adds_of_row_by_row():
+    """BiasTable adds each row's LogitBias (its first processor) for the whole batch at
+    once: the same values as the processors applied row by row, at one position a row
+    (a decode step) and at several (a verify pass); rebuilt when the rows change."""
+    import mlx.core as mx
+
+    from appliance.engine.sampling import BiasTable, LogitBias, after_bias, make_processors
+
+    mx.random.seed(0)
+    penalized = make_processors(SamplingParams(logit_bias={7: 5.0}, repetition_penalty=1.3))
+    procs = [(LogitBias({1: 2.0, 7: -100.0}),), (), (LogitBias({3: 1.5}),), tuple(penalized)]
+    assert after_bias(procs[3]) == tuple(penalized[1:]) and after_bias(procs[1]) == ()
+    table = BiasTable()
+    for shape in ((4, 50), (4, 3, 50)):
+        logits = mx.random.normal(shape).astype(mx.bfloat16)
+        rows = []
+        for e, p in enumerate(procs):
+            row = logits[e]
+            if p:
+                row = p[0](None, row if row.ndim == 2 else row[None])
+            rows.append(row.reshape(logits.shape[1:]))
+        got = table.add(logits, procs)
+        assert got.dtype == logits.dtype and mx.array_equal(got, mx.stack(rows)).item()
+    # rows changed (one left, one with another bias joined): the table follows them
+    later = [procs[2], (LogitBias({0: -3.0}),)]
+    logits = mx.random.normal((2, 50))
+    want = mx.concatenate([p[0](None, logits[e:e + 1]) for e, p in enumerate(later)])
+    assert mx.array_equal(table.add(logits, later), want).item()
+    assert table.add(logits, [(), ()]) is logits
+
+
+def test_unseeded_rows_with_the_same_settings_share_one_sampler():
+    """So a batch of them samples in one call; a seeded row keeps its own stream."""
+    from appliance.engine.sampling import SeededSampler, make_sampler
+
+    a = SamplingParams(temperature=0.7, top_p=0.9)
+    assert make_sampler(a) is make_sampler(SamplingParams(temperature=0.7, top_p=0.9))
+    assert make_sampler(a) is not make_sampler(SamplingParams(temperature=0.8, top_p=0.9))
+    seeded = SamplingParams(temperature=0.7, top_p=0.9, seed=3)
+    assert isinstance(make_sampler(seeded), SeededSampler)
+    assert make_sampler(seeded) is not make_sampler(seeded)
