@@ -97,7 +97,7 @@ class FullLayout(BatchKVCache):
 
     def _held(self, i: int) -> list[int]:
         """The slots row i holds (past its left padding, not holes), in order."""
-        pad, h = int(self.left_padding[i].item()), _width(self._holes, self._idx)[i].tolist()
+        pad, h = self.left_padding.tolist()[i], _width(self._holes, self._idx)[i].tolist()
         return [p for p in range(pad, self._idx) if not h[p]]
 
     def compaction(self) -> tuple[mx.array, list[int]] | None:
@@ -194,7 +194,7 @@ class FullLayout(BatchKVCache):
         if self._holes is None and upto is None:
             return super().extract(i)
         if self._holes is None:
-            pad = int(self.left_padding[i].item())
+            pad = self.left_padding.tolist()[i]  # (no new lazy op: see filter)
             cache = KVCache()
             cache.keys = mx.contiguous(self.keys[i:i + 1, :, pad:pad + upto])
             cache.values = mx.contiguous(self.values[i:i + 1, :, pad:pad + upto])

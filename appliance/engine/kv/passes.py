@@ -69,7 +69,7 @@ def fusable(layers: list, rows: int) -> bool:
     return (rows == 1 and bool(layers)
             and all(getattr(c, "causal", None) is False and getattr(c, "_holes", None) is None
                     for c in layers)
-            and not int(layers[0].left_padding[0].item()))
+            and not layers[0].left_padding.tolist()[0])  # (no new lazy op to wait for)
 
 
 class causal:
