@@ -82,10 +82,9 @@ class _Decoding(_Batch, Verifying):
     def __init__(self):
         super().__init__()
         # Sampled, not yet read. Re-formed when rows join or leave, it is queued at once:
-        # left lazy, it would be computed inside the next pass's graph, and MLX signals an
-        # evaluation's arrays together, so reading it would wait for that whole pass, not
-        # only the one before (on an H200, 8B shape, the step after a row left: a 42.5 ms
-        # median against 33.5 queued apart; what remains is new CUDA graphs, docs/benchmarks.md).
+        # left lazy, it would be computed inside the next pass's evaluation, and MLX signals
+        # an evaluation's arrays together, so reading it would wait for that whole pass
+        # rather than only the one before.
         self.next_tokens: mx.array | None = None
         self.known_pend: list[int] | None = None  # next_tokens as read (after a verify pass)
         self.next_logprobs: list[mx.array] = []
