@@ -191,6 +191,30 @@ def test_synthetic_bad_shape_lists_the_valid_ones():
         resolve_overrides(["model=synthetic", "model.shape=gpt-5", "model.bits=3"])
 
 
+def test_a_synthetic_model_another_process_wrote_first_is_used(tmp_path, monkeypatch):
+    """Two processes making one synthetic model at once (two servers starting, parallel
+    tests): the one that finishes second keeps the directory the first wrote."""
+    import os
+
+    from appliance.models import synthetic
+
+    monkeypatch.setattr(synthetic, "CACHE", tmp_path)
+    replace = os.replace
+
+    def first_wins(src, dst):
+        if str(dst).startswith(str(tmp_path)):  # the other process renames its copy first
+            os.mkdir(dst)
+            with open(os.path.join(dst, "model.safetensors"), "wb") as f:
+                f.write(b"theirs")
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", first_wins)
+    out = synthetic.ensure("tiny-llama", "float32", None, 0)
+    assert out == synthetic.synthetic_dir("tiny-llama", "float32", None, 0)
+    assert (out / "model.safetensors").read_bytes() == b"theirs"
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # its own copy removed
+
+
 def test_fingerprint_sees_different_weights_of_one_shape():
     """Same config.json, same file size, other weights: another fingerprint (prefix caches
     and exported copies are keyed by it)."""

@@ -181,7 +181,11 @@ def ensure(shape: str, dtype: str, bits: int | None, seed: int) -> Path:
         (tmp / "tokenizer_config.json").write_text(json.dumps({
             "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
             "eos_token": SPECIAL[2], "pad_token": SPECIAL[0], "chat_template": CHAT_TEMPLATE}))
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process wrote it first (two starting at once): use theirs
+            if not (out / "model.safetensors").exists():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
