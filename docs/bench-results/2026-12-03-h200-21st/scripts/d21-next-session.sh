@@ -3,6 +3,8 @@
 # kernels a step) and MLX_MAX_OPS_PER_BUFFER=200 (fewer, larger CUDA graphs) against the
 # default, in one lease; then the best with the anchor. ~420 s. Needs devrun/trace/ (this
 # session's scripts/trace_sitecustomize.py as devrun/trace/sitecustomize.py).
+# Tests on the device: `python3 -m pytest -n 0 ...` (pyproject runs one worker a core since
+# f9c93aa: 16 workers would share the one GPU; .device/a carries the pytest-xdist wheels).
 date -u +%H:%M:%S
 A="import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()"
 M8="model=synthetic model.shape=llama-3-8b model.bits=4 bench.agents=16 bench.turns=4 bench.anchor=none bench.progress=false"
