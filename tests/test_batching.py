@@ -273,3 +273,68 @@ def test_unseeded_rows_with_the_same_settings_share_one_sampler():
     seeded = SamplingParams(temperature=0.7, top_p=0.9, seed=3)
     assert isinstance(make_sampler(seeded), SeededSampler)
     assert make_sampler(seeded) is not make_sampler(seeded)
+
+
+def test_rows_joining_and_leaving_wait_for_no_queued_pass(tiny, monkeypatch):
+    """A filter evaluates the rows' left padding, never their lengths (every pass adds to
+    those lazily: evaluating them waits for the pass queued last), and the re-formed pending
+    tokens are queued as an evaluation of their own, not left to the next pass's (reading
+    them would wait for that whole pass). Tokens stay those of a plain run."""
+    import mlx.core as mx
+
+    from appliance.engine import rows as rows_mod
+
+    model, tok = tiny
+    plan = [(0, "insert", 0), (0, "insert", 1), (2, "insert", 2), (5, "insert", 3)]
+
+    def requests():
+        return {i: Collector(GenerationRequest(_prompt(tok, i), 4 + 3 * i)) for i in range(4)}
+
+    want = requests()
+    drive(_sched(tiny), plan, want)
+
+    evaluated, queued, seen = [], [], {"filter": 0, "extend": 0}
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(mx, name)
+
+        def eval(self, *a):
+            evaluated.extend(id(x) for x in _flat(a))
+            return mx.eval(*a)
+
+        def async_eval(self, *a):
+            queued.extend(id(x) for x in _flat(a))
+            return mx.async_eval(*a)
+
+    monkeypatch.setattr(rows_mod, "mx", Spy())
+    filter_, extend = rows_mod._Decoding.filter, rows_mod._Decoding.extend
+
+    def checked_filter(self, keep):
+        lengths = [id(c.offset) for c in self.layers]
+        evaluated.clear()
+        filter_(self, keep)
+        assert not set(lengths) & set(evaluated)
+        assert not keep or id(self.next_tokens) in queued
+        seen["filter"] += 1
+
+    def checked_extend(self, other):
+        had = self.next_tokens is not None
+        extend(self, other)
+        assert not had or id(self.next_tokens) in queued
+        seen["extend"] += had
+
+    monkeypatch.setattr(rows_mod._Decoding, "filter", checked_filter)
+    monkeypatch.setattr(rows_mod._Decoding, "extend", checked_extend)
+    got = requests()
+    drive(_sched(tiny), plan, got)
+    assert seen["filter"] and seen["extend"]
+    assert {i: c.tokens for i, c in got.items()} == {i: c.tokens for i, c in want.items()}
+
+
+def _flat(x):
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flat(y)
+    else:
+        yield x
