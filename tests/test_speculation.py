@@ -727,7 +727,7 @@ def test_the_plan_counts_the_draft_in_memory_and_fingerprints_its_content():
             plan.draft.content)
 
 
-def test_the_headline_serves_through_the_openai_api():
+def test_the_headline_serves_through_the_openai_api(tmp_path):
     """`appliance +profile=agent-fleet kv=turboquant draft=mtp`: the plan resolves, a real
     server speculates with the embedded MTP head over TurboQuant KV, batched, and its text
     equals draft=none's under the same profile and scheme."""
@@ -740,7 +740,8 @@ def test_the_headline_serves_through_the_openai_api():
     prompts = [EDIT_PROMPT, "import os\nimport sys\n\n\ndef main(", "class Stack:\n    def "]
 
     def texts(overrides):
-        with app_for(["+profile=agent-fleet", "kv=turboquant", *overrides]) as (plan, _, url):
+        with app_for(["+profile=agent-fleet", "kv=turboquant", f"cache.ssd.path={tmp_path}",
+                      *overrides]) as (plan, _, url):
             c = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
             def one(p):
