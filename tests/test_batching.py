@@ -281,6 +281,7 @@ def test_rows_joining_and_leaving_wait_for_no_queued_pass(tiny, monkeypatch):
     tokens are queued as an evaluation of their own, not left to the next pass's (reading
     them would wait for that whole pass). Tokens stay those of a plain run."""
     import mlx.core as mx
+    from mlx.utils import tree_flatten
 
     from appliance.engine import rows as rows_mod
 
@@ -300,11 +301,11 @@ def test_rows_joining_and_leaving_wait_for_no_queued_pass(tiny, monkeypatch):
             return getattr(mx, name)
 
         def eval(self, *a):
-            evaluated.extend(id(x) for x in _flat(a))
+            evaluated.extend(id(x) for _, x in tree_flatten(a))
             return mx.eval(*a)
 
         def async_eval(self, *a):
-            queued.extend(id(x) for x in _flat(a))
+            queued.extend(id(x) for _, x in tree_flatten(a))
             return mx.async_eval(*a)
 
     monkeypatch.setattr(rows_mod, "mx", Spy())
@@ -331,10 +332,3 @@ def test_rows_joining_and_leaving_wait_for_no_queued_pass(tiny, monkeypatch):
     assert seen["filter"] and seen["extend"]
     assert {i: c.tokens for i, c in got.items()} == {i: c.tokens for i, c in want.items()}
 
-
-def _flat(x):
-    if isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _flat(y)
-    else:
-        yield x
