@@ -136,21 +136,33 @@ def test_rows_leaving_keep_the_buffer_on_the_step_grid(loaded, monkeypatch):
     assert any(trimmed for trimmed, *_ in seen) and all(t % 8 == 0 for t, *_ in seen)
 
 
+def _spy_attention(cores, monkeypatch) -> list:
+    """Record each attention call's (kind, query heads): 'mlx' for MLX's own call, 'compiled'
+    for cores.attend (whose fallbacks to MLX's are recorded as both)."""
+    calls = []
+    for name, kind in (("_fused", "mlx"), ("attend", "compiled")):
+        fn = getattr(cores, name)
+        monkeypatch.setattr(cores, name, lambda q, *a, _fn=fn, _kind=kind, **kw:
+                            calls.append((_kind, q.shape[1])) or _fn(q, *a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("compile_step", [False, True])
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
 def test_attention_split_over_threads_matches_batch_generator(loaded, schedule, compile_step,
-                                                              monkeypatch):
+                                                              compiled, monkeypatch):
     """batch.attention_threads=2 (engine/kv/cores.py): attention split by kv head over two
-    CPU streams, here at every size (MIN_SCORES=1, MIN_PREFILL=2: prefill passes too), gives
-    BatchGenerator's tokens and the goldens'; the oracle itself runs unsplit (the setting is
-    per thread)."""
+    CPU streams, here at every size (MIN_SCORES=1, MIN_PREFILL=2: prefill passes too), with
+    MLX's softmax or the compiled one (`compiled`: forced, so it is checked on any machine;
+    without MLX's JIT on FMA it is only as fast as MLX's), gives BatchGenerator's tokens and
+    the goldens'; the oracle itself runs on MLX's own call, unsplit (the setting is per
+    thread)."""
     from appliance.engine.kv import cores
 
     name, model, tok = loaded
-    heads = []
-    fused = cores._fused
-    monkeypatch.setattr(cores, "_fused", lambda q, *a, **kw: heads.append(q.shape[1])
-                        or fused(q, *a, **kw))
+    calls = _spy_attention(cores, monkeypatch)
+    monkeypatch.setattr(cores, "compiled_softmax", lambda: compiled)
     monkeypatch.setattr(cores, "MIN_SCORES", 1)
     monkeypatch.setattr(cores, "MIN_PREFILL", 2)  # prefill passes split too
     sch = oracle.BATCH_SCHEDULES[schedule]
@@ -162,31 +174,57 @@ def test_attention_split_over_threads_matches_batch_generator(loaded, schedule, 
         drive(_scheduler(model, tok, sch["max_rows"], compile_step=compile_step),
               sch["events"], rows)
     finally:
-        cores.use(1)
-    split = [h for h in heads if h < model.args.num_attention_heads]
+        cores.reset()
+    ours = list(calls)
+    split = [h for _, h in ours if h < model.args.num_attention_heads]
     assert split if model.args.num_key_value_heads > 1 else not split
+    assert ours and {k for k, _ in ours} == {"compiled" if compiled else "mlx"}
     got = {r: c.tokens for r, c in rows.items()}
     assert got == oracle.run_batch_schedule(model, tok, sch)
-    # the oracle's attention (through the same patched call) was not split
-    assert [h for h in heads if h < model.args.num_attention_heads] == split
+    # the oracle's attention (through the same patched call) was MLX's own, unsplit
+    assert calls[len(ours):] and {c for c in calls[len(ours):]} <= {
+        ("mlx", model.args.num_attention_heads)}
     assert got == golden(f"batch-{name}")["schedules"][schedule]["tokens"]
+
+
+def test_compiled_softmax_attention_is_bit_equal_to_mlx():
+    """cores.attend (MLX's CPU attention op for op, its softmax's exp compiled) equals
+    mx.fast.scaled_dot_product_attention bit for bit: grouped and plain heads, a boolean, an
+    additive and a causal mask, none, one query and many, fully masked rows included."""
+    import mlx.core as mx
+
+    from appliance.engine.kv import cores
+
+    mx.random.seed(3)
+    cases = [(1, 4, 2, 64, 300, "causal"), (5, 4, 2, 1, 230, "bool"), (3, 4, 2, 7, 40, "bool"),
+             (2, 4, 4, 16, 50, None), (4, 4, 2, 1, 50, "add"), (1, 8, 2, 24, 70, "causal"),
+             (2, 2, 1, 3, 9, "bool-rows")]
+    for B, n_q, n_kv, L, T, kind in cases:
+        q, k, v = (mx.random.normal((B, h, n, 32)) for h, n in ((n_q, L), (n_kv, T), (n_kv, T)))
+        mask = {"causal": "causal", None: None,
+                "bool": mx.random.uniform(shape=(B, 1, L, T)) > 0.3,
+                "add": mx.where(mx.random.uniform(shape=(B, 1, L, T)) > 0.3, 0.0, -mx.inf),
+                "bool-rows": mx.arange(T)[None, None, None] >= mx.array([0, T])[:, None, None,
+                                                                                 None]}[kind]
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.17, mask=mask)
+        got = cores.attend(q, k, v, scale=0.17, mask=mask)
+        assert got.shape == want.shape and mx.array_equal(got, want).item(), (B, n_q, L, T, kind)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_engine_thread_splits_attention_as_planned(threads, monkeypatch):
-    """build_engine turns the plan's batch.attention_threads on in the engine's thread."""
+    """build_engine turns the plan's batch.attention_threads on in the engine's thread, and
+    the compiled softmax where MLX's JIT has FMA here."""
     from conftest import resolve_overrides, run_engine
 
+    from appliance import _mlx_env
     from appliance.engine import build_engine
     from appliance.engine.kv import cores
 
     plan = resolve_overrides([f"batch.attention_threads={threads}", "cache=none"])
     if plan.machine.backend != "cpu":
         pytest.skip("the split is the CPU backend's")
-    heads = []
-    fused = cores._fused
-    monkeypatch.setattr(cores, "_fused", lambda q, *a, **kw: heads.append(q.shape[1])
-                        or fused(q, *a, **kw))
+    calls = _spy_attention(cores, monkeypatch)
     monkeypatch.setattr(cores, "MIN_SCORES", 1)
     eng = build_engine(plan)
     try:
@@ -195,7 +233,8 @@ def test_the_engine_thread_splits_attention_as_planned(threads, monkeypatch):
         eng.stop()
     assert len(toks) == 4
     # split calls carry part of the heads; the prompt's pass (4 tokens) is never split
-    assert (len(set(heads)) > 1) == (threads == 2)
+    assert (len({h for _, h in calls}) > 1) == (threads == 2)
+    assert {k for k, _ in calls} == {"compiled" if _mlx_env.JIT else "mlx"}
 
 
 def test_attention_streams_are_kept_per_thread():
@@ -211,7 +250,7 @@ def test_attention_streams_are_kept_per_thread():
         cores.use(2)
         assert cores._local.streams == first and len(cores._local.pool) == 1
     finally:
-        cores.use(1)
+        cores.reset()
 
 
 @pytest.mark.parametrize("schedule", ["static-4", "dynamic"])

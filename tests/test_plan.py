@@ -128,6 +128,43 @@ def test_mlx_settings_are_set_before_mlx_unless_the_user_set_them():
                           ).stdout.split() == ["7"]
 
 
+def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
+    """On x86-64 with AVX2 and FMA and a g++ installed, `import appliance` puts a g++ front
+    (adding -mavx2 -mfma -ffp-contract=off) first on PATH for MLX's CPU JIT; a peer server
+    runs without it; APPLIANCE_JIT_FRONT=0 leaves PATH alone. A kernel the front compiles
+    gives mx.exp's bits."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "") \
+        if os.path.exists("/proc/cpuinfo") else ""
+    if not ({"avx2", "fma"} <= set(flags.split()) and shutil.which("g++")
+            and os.uname().machine == "x86_64"):
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA, and g++")
+    probe = ("import appliance, os; from appliance import _mlx_env; "
+             "print(_mlx_env.JIT, os.environ['PATH'].split(os.pathsep)[0], "
+             "_mlx_env.JIT in _mlx_env.without_ours()['PATH'].split(os.pathsep))")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env.pop("APPLIANCE_JIT_FRONT", None)
+    jit, first, peer_has = subprocess.run([sys.executable, "-c", probe], env=env, check=True,
+                                          capture_output=True, text=True).stdout.split()
+    front = tmp_path / "appliance" / "jit" / "g++"
+    assert jit == first == str(front.parent) and peer_has == "False"
+    assert "-mavx2 -mfma -ffp-contract=off" in front.read_text()
+    off = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                         text=True, env={**env, "APPLIANCE_JIT_FRONT": "0"}).stdout.split()
+    assert off[0] == "None" and off[1] != str(front.parent)
+    # the front compiles a kernel (MLX's cache in its own temporary directory) to exp's bits
+    kernel = ("import appliance, mlx.core as mx; x = mx.random.normal((100000,)) * 30; "
+              "f = mx.compile(lambda a, b: mx.exp(a - b)); z = mx.array(0.0); "
+              "print(mx.array_equal(f(x, z), mx.exp(x)).item())")
+    out = subprocess.run([sys.executable, "-c", kernel], check=True, capture_output=True,
+                         text=True, env={**env, "TMPDIR": str(tmp_path)}).stdout.split()
+    assert out == ["True"] and list(tmp_path.glob("mlx/*/cpu/*.so"))
+
+
 def test_batch_plan_states_placement_and_budget():
     plan = resolve_overrides([])
     assert plan.batch.mode == "continuous" and plan.batch.max_rows >= 1

@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from appliance import _blas
+from appliance import _blas, _mlx_env
 from appliance.plan.derive import Shape, Workload, attention_threads, derive, machine_facts
 from appliance.plan.draft import resolve_draft
 from appliance.plan.errors import PlanError
@@ -217,6 +217,13 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     threads, derived_why["batch.attention_threads"], problem = attention_threads(
         threads_set, here.backend, here.cpu_cores, info.num_kv_heads)
     problems += [problem] if problem else []
+    if here.backend == "cpu":  # (engine/kv/cores.py: how its softmax runs here)
+        derived_why["batch.attention_threads"] += (
+            "; softmax: its exp compiled by MLX's JIT with FMA (appliance/_mlx_env.py: "
+            "bit-equal, ~4x)"
+            if _mlx_env.JIT and dtype == "float32" else
+            "; softmax: MLX's own (" + ("not float32" if _mlx_env.JIT else
+                                        "MLX's JIT has no FMA here: appliance/_mlx_env.py") + ")")
     # KV bytes per token do not depend on max_context (only its checks do: run them below)
     kv = resolve_kv(cfg.kv, info, dtype, here.backend, ctx_set or trained or 4096, [])
     draft = resolve_draft(cfg.draft, path, info, dtype, b.mode, problems)
