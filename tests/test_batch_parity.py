@@ -136,6 +136,34 @@ def test_rows_leaving_keep_the_buffer_on_the_step_grid(loaded, monkeypatch):
     assert any(trimmed for trimmed, *_ in seen) and all(t % 8 == 0 for t, *_ in seen)
 
 
+@pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
+def test_finished_rows_held_until_rows_join_keep_tokens_exact(loaded, schedule, monkeypatch):
+    """step.HOLD (CUDA's policy, forced here): a finished row stays in the batch, decoding
+    tokens nobody reads, until rows join (one re-forming for both) or the last live row
+    finishes; cancelled rows leave at once. Tokens still equal BatchGenerator's, nothing is
+    delivered for a held row, and every reservation is back at the end."""
+    from appliance.engine import step as step_mod
+    from appliance.engine.rows import _Decoding
+
+    monkeypatch.setattr(step_mod, "HOLD", True)
+    retired, dropped = [], []
+    retire, drop = _Decoding.retire, _Decoding.drop_retired
+    monkeypatch.setattr(_Decoding, "retire", lambda d, i: retired.append(d.uids[i])
+                        or retire(d, i))
+    monkeypatch.setattr(_Decoding, "drop_retired", lambda d, also=(): dropped.append(
+        (len(d.retired), len(also))) or drop(d, also))
+    name, model, tok = loaded
+    sch = oracle.BATCH_SCHEDULES[schedule]
+    prompts = oracle.batch_prompts(tok)
+    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
+            for _, _, r in sch["events"]}
+    s = _scheduler(model, tok, sch["max_rows"])
+    drive(s, sch["events"], rows)
+    assert {r: c.tokens for r, c in rows.items()} == oracle.run_batch_schedule(model, tok, sch)
+    assert retired and any(held for held, _ in dropped)  # rows were held, then dropped
+    assert s.budget.reserved == 0 and not s._held and s._batch._decode.retired == []
+
+
 def _spy_attention(cores, monkeypatch) -> list:
     """Record each attention call's (kind, query heads): 'mlx' for MLX's own call, 'compiled'
     for cores.attend (whose fallbacks to MLX's are recorded as both)."""

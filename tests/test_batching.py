@@ -55,8 +55,19 @@ def test_every_row_is_charged_its_native_start_and_a_lone_row_its_chunk_past_it(
     b.check_integrity()
 
 
-def test_admission_waits_for_bytes_head_of_line(tiny):
-    """Rows cost 40 bytes each; a 100-byte budget runs two at a time, in arrival order."""
+@pytest.mark.parametrize("hold", [False, True])
+def test_admission_waits_for_bytes_head_of_line(tiny, hold, monkeypatch):
+    """Rows cost 40 bytes each; a 100-byte budget runs two at a time, in arrival order.
+    `hold` (step.HOLD, CUDA's policy): a finished row stays in the batch with its
+    reservation until rows join, or until admission needs its bytes, as here."""
+    from appliance.engine import step as step_mod
+    from appliance.engine.rows import _Decoding
+
+    monkeypatch.setattr(step_mod, "HOLD", hold)
+    retired = []
+    retire = _Decoding.retire
+    monkeypatch.setattr(_Decoding, "retire", lambda d, i: retired.append(d.uids[i])
+                        or retire(d, i))
     _, tok = tiny
     s = _sched(tiny, max_rows=8, budget_bytes=100)
     rows = [Collector(GenerationRequest(_prompt(tok, i, 30), 10)) for i in range(4)]
@@ -82,6 +93,7 @@ def test_admission_waits_for_bytes_head_of_line(tiny):
     assert first_token[0] <= first_token[1] <= first_token[2] <= first_token[3]
     assert first_token[2] > min(finished[0], finished[1])
     assert s.budget.reserved == 0 and s.active_rows() == 0
+    assert bool(retired) == hold and not s._held
 
 
 def test_a_failing_delivery_evicts_only_that_row(tiny):

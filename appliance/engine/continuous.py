@@ -65,6 +65,7 @@ class ContinuousScheduler(SoloRow):
         self.counters = Counters(draft_method=drafter.method if drafter else None)
         self._waiting: deque = deque()
         self._rows: dict[int, Row] = {}  # BatchStep uid -> row
+        self._held: dict[int, int] = {}  # BatchStep uid -> handle id: finished, KV still held
         self._solo = None  # (Row, runner.Decoder): a lone row, decoded unbatched
         self._batch = self._new_step()
         self.row_cap = max_rows  # lowered by a failed allocation, back up as rows finish
@@ -145,6 +146,18 @@ class ContinuousScheduler(SoloRow):
             if self.prefix is not None and r.finish_reason is not None and r.cache:
                 self._store(r.tokens, r.cache)  # the whole turn
             self._on_token(r)
+        self._release_dropped()
+
+    def _release_dropped(self, every: bool = False) -> None:
+        """Give back the reservations of held rows whose KV left the batch (`every`: the
+        batch itself was dropped)."""
+        gone = list(self._held) if every else self._batch.dropped
+        for uid in gone:
+            if uid in self._held:
+                self.budget.release(self._held.pop(uid))
+        # (a row dropped while this step's events are still being read finishes after)
+        self._batch.dropped = [] if every else [u for u in gone if u not in self._held
+                                                 and u in self._rows]
 
     def close(self) -> None:
         """After abort_all: flush what the prefix cache still has to write."""
@@ -166,7 +179,7 @@ class ContinuousScheduler(SoloRow):
         assert c.submitted - c.finished == len(self._waiting) + self.active_rows()
         assert self.active_rows() <= self.max_rows
         assert self._solo is None or not self._rows, "a solo row never runs beside a batch"
-        live = [r.handle.id for r in self._rows.values()]
+        live = [r.handle.id for r in self._rows.values()] + list(self._held.values())
         live += [self._solo[0].handle.id] if self._solo else []
         assert set(self.budget._held) == set(live)
         assert 1 <= self.row_cap <= self.max_rows
@@ -175,8 +188,14 @@ class ContinuousScheduler(SoloRow):
             room = self.ceiling - max(c.kv_bytes, self.budget.reserved) - self.prefix.pending_bytes
             assert self.prefix.nbytes <= max(0, room), "the RAM tier is over the ceiling"
 
-    def _end_row(self, row: Row, reason: FinishReason, error: str | None = None) -> None:
-        self.budget.release(row.handle.id)
+    def _end_row(self, row: Row, reason: FinishReason, error: str | None = None,
+                 held: int | None = None) -> None:
+        """`held`: the row's BatchStep uid where its KV stays in the batch for now
+        (step.HOLD): its reservation goes with the KV (`_release_dropped`)."""
+        if held is None:
+            self.budget.release(row.handle.id)
+        else:
+            self._held[held] = row.handle.id
         self.counters.finished += 1
         self.row_cap = min(self.max_rows, self.row_cap + 1)  # a row left: memory came back
         finish(row.handle, reason, row.generated, error, cached=row.cached,
@@ -244,7 +263,11 @@ class ContinuousScheduler(SoloRow):
                 continue
             r = h.request
             if not self.budget.try_admit(h.id, len(r.prompt), r.max_tokens):
-                return  # wait for running rows to free their KV
+                if not self._held:
+                    return  # wait for running rows to free their KV
+                self._batch.drop_retired()  # held rows give their KV back first
+                self._release_dropped()
+                continue
             self._waiting.popleft()
             self._trim()  # before the hit's copy: the RAM tier gives back what the row claims
             try:
@@ -279,12 +302,14 @@ class ContinuousScheduler(SoloRow):
         if row is None:
             return
         row.state = RowState.DECODE
+        held = r.uid if r.held else None
         if r.finish_reason == "stop":  # stop_tokens are the EOS ids: never delivered
-            return self._end(r.uid, FinishReason.STOP, removed=True)
+            return self._end(r.uid, FinishReason.STOP, removed=True, held=held)
         if not self._emit(row, r.token, r.logprobs):
-            return self._end(r.uid, FinishReason.CANCELLED, removed=r.finish_reason is not None)
+            return self._end(r.uid, FinishReason.CANCELLED, removed=r.finish_reason is not None,
+                             held=held)
         if r.finish_reason == "length":
-            self._end(r.uid, FinishReason.LENGTH, removed=True)
+            self._end(r.uid, FinishReason.LENGTH, removed=True, held=held)
 
     def _reap_cancelled(self) -> None:
         if self._solo is not None and self._solo[0].handle.cancelled:
@@ -293,17 +318,19 @@ class ContinuousScheduler(SoloRow):
             self._end(uid, FinishReason.CANCELLED)
 
     def _end(self, uid: int, reason: FinishReason, error: str | None = None,
-             removed: bool = False) -> None:
-        """Finish one row and free its KV now (the step already dropped finished rows)."""
+             removed: bool = False, held: int | None = None) -> None:
+        """Finish one row and free its KV now (the step already dropped finished rows, or
+        holds them: `held`)."""
         row = self._rows.pop(uid)
         if not removed:
-            self._batch.remove(uid)
+            self._batch.remove(uid)  # (held rows go with it)
+            self._release_dropped()
         drafted = self._batch.drafts.pop(uid, None)
         if drafted is not None:
             row.accepted, row.rejected = drafted.accepted, drafted.proposed - drafted.accepted
             self.counters.draft_proposed += drafted.proposed
             self.counters.draft_accepted += drafted.accepted
-        self._end_row(row, reason, error)
+        self._end_row(row, reason, error, held=held)
 
     def _out_of_memory(self, e: BaseException, rows: list[Row] | None = None) -> None:
         """An allocation failed: drop what can be rebuilt (the RAM tier, MLX's buffer cache)
@@ -314,6 +341,7 @@ class ContinuousScheduler(SoloRow):
 
         if rows is None:  # the whole batch: its state is unknown after a failed step
             rows, self._rows = list(self._rows.values()), {}
+            self._release_dropped(every=True)
             self._batch = self._new_step()
             for row in rows:
                 self.budget.release(row.handle.id)
@@ -346,5 +374,6 @@ class ContinuousScheduler(SoloRow):
         rows, self._rows = self._rows, {}
         for row in rows.values():
             self._end_row(row, FinishReason.ERROR, error)
+        self._release_dropped(every=True)
         self._batch = self._new_step()  # its state is unknown after a failed step
         repair_random_state()

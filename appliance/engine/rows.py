@@ -91,6 +91,27 @@ class _Decoding(_Batch, Verifying):
         self.context: list[TokenBuffer] = []  # token history for logits processors
         self.generated: list[int] = []
         self.biases = BiasTable()
+        self.retired: list[int] = []  # uids of finished rows still held (`retire`)
+
+    @property
+    def live(self) -> int:
+        """Rows still decoding (the others are retired, held until `drop_retired`)."""
+        return len(self.uids) - len(self.retired)
+
+    def retire(self, i: int) -> None:
+        """Row i finished, but its slot stays in the batch, decoding tokens nobody reads,
+        until the next re-forming (`drop_retired`): on CUDA a batch re-formed by a filter
+        matches no cached CUDA graph, and its step cost 2-3 steady ones (8B, H200; see
+        BatchStep's HOLD)."""
+        self.retired.append(self.uids[i])
+        self.uids[i], self.processors[i] = None, ()
+
+    def drop_retired(self, also: tuple[int, ...] = ()) -> list[int]:
+        """Filter the retired rows out (and the rows at `also`); return the retired uids."""
+        gone, self.retired = self.retired, []
+        if gone or also:
+            self.filter([i for i, u in enumerate(self.uids) if u is not None and i not in also])
+        return gone
 
     def extend(self, other: _Decoding) -> None:
         super().extend(other)

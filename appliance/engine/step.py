@@ -44,6 +44,12 @@ from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tappe
 # a launch-bound device (CUDA) rather than a compute-bound CPU (docs/speculation.md).
 AHEAD = WHOLE_BUFFER
 SETTLE = 3  # a step is timed from the third at an unchanged batch size (see _decode_step)
+# Finished rows stay in the batch until rows join (or all have finished), decoding tokens
+# nobody reads, rather than being filtered out at once: on CUDA every filter re-forms the
+# KV buffers, and the next step matched no cached CUDA graph (8B, H200: the step after a row
+# left took 2-3 steady steps of host time, 21st session). A held row's KV stays counted
+# against the budget until it goes (`dropped`). Not with a drafter, whose rows all propose.
+HOLD = WHOLE_BUFFER
 
 
 @dataclass
@@ -54,6 +60,7 @@ class TokenEvent:
     finish_reason: str | None  # None | "stop" (an EOS id) | "length"
     cache: list | None = None  # the row's cache, on finish (for the prefix cache)
     tokens: list[int] | None = None  # the tokens in that cache
+    held: bool = False  # on finish: its KV stays in the batch until `dropped` names it
 
 
 @dataclass
@@ -107,6 +114,8 @@ class BatchStep:
         self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
         self._asked = False  # this step read the pending tokens for drafts and found none
         self._rows_were, self._same = 0, 0  # the last step's rows; steps since they changed
+        self.hold = HOLD and drafter is None
+        self.dropped: list[int] = []  # held rows whose KV went since the scheduler last took
 
     def _observe(self, uids: list[int], fed: list[list[int]], step: bool = False) -> None:
         """`step`: a plain step of every decoding row (an MTP drafter logs it whole)."""
@@ -149,10 +158,10 @@ class BatchStep:
             self._steps += 1
             if self._steps % 512 == 0:
                 mx.clear_cache()
-        if len(self._decode) >= self.max_rows:
+        if self._decode.live >= self.max_rows:
             self._quiet = True
             return [], events
-        n = min(self.prefill_rows - len(self._prefill), self.max_rows - len(self._decode),
+        n = min(self.prefill_rows - len(self._prefill), self.max_rows - self._decode.live,
                 len(self._waiting))
         if n > 0:
             self._prefill.admit([self._waiting.popleft() for _ in range(n)], self.model_layers)
@@ -175,7 +184,14 @@ class BatchStep:
         rows.generated = [0] * len(ready)
         rows.step(self.model, self._compiled)  # the last prompt token, over these rows alone
         self._observe(rows.uids, [[t] for t in last])
+        self.drop_retired()  # (one re-forming for rows leaving and joining)
         self._decode.extend(rows)
+
+    def drop_retired(self) -> list[int]:
+        """Filter the held rows out now (their uids also go to `dropped`)."""
+        gone = self._decode.drop_retired()
+        self.dropped += gone
+        return gone
 
     def _decode_step(self) -> list[TokenEvent]:
         d, rows = self._decode, len(self._decode)
@@ -186,8 +202,10 @@ class BatchStep:
             toks, logprobs = d.step(self.model, self._compiled)
             self._observe(d.uids, [[t] for t in toks], step=True)
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
-        keep, events = [], []
+        keep, events, done = [], [], []
         for i, uid in enumerate(d.uids):
+            if uid is None:
+                continue  # retired: its tokens are nobody's
             reason = None
             for tok, lp in zip(*emitted[i], strict=True):
                 d.generated[i] += 1
@@ -200,11 +218,18 @@ class BatchStep:
                 events.append(TokenEvent(uid, tok, lp, None))
             if reason is None:
                 keep.append(i)
-            elif self.drafter is not None:
-                self.drafter.forget(uid)
-                self.control.forget(uid)
-        if len(keep) < len(d):
-            d.filter(keep)
+            else:
+                done.append(i)
+                if self.drafter is not None:
+                    self.drafter.forget(uid)
+                    self.control.forget(uid)
+        if done and self.hold and keep:
+            for i in done:
+                d.retire(i)
+            for e in events:
+                e.held = e.finish_reason is not None
+        elif done:  # (the last live rows finished: the held ones go with them)
+            self.dropped += d.drop_retired(also=tuple(done))
         # The control compares modes by the wall time from one decode step's end to the
         # next (what the rows see), where no prefill ran between, and only a step after
         # one of its own kind: a plain step right after a speculative one restarts the
@@ -310,7 +335,7 @@ class BatchStep:
         if stage == "prefill":
             self._prefill.remove(i)
         else:
-            self._decode.filter([j for j in range(len(self._decode)) if j != i])
+            self.dropped += self._decode.drop_retired(also=(i,))
 
     def rollback(self, uid: int, n: int) -> None:
         """Drop the last `n` tokens of a decoding row from its KV (rejected draft tokens)."""
@@ -328,4 +353,4 @@ class BatchStep:
                 + self._prefill.batch.nbytes + self._decode.nbytes)
 
     def __len__(self) -> int:
-        return len(self._waiting) + len(self._prefill) + len(self._decode)
+        return len(self._waiting) + len(self._prefill) + self._decode.live

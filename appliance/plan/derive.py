@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from appliance import _mlx_env
 from appliance.plan.machine import (
     DEFAULT_BANDWIDTH,
     DEFAULT_CUDA_TFLOPS,
@@ -154,7 +155,10 @@ def activations(s: Shape, chunk: int, rows: int, prefill_rows: int, context: int
         fed = max(fed, chunk + GRID)  # (up to GRID cached tokens fed again)
     prefill = fed * per_token * s.act_bytes
     if backend == "cpu" or (backend == "cuda" and (prefill_rows > 1 or not s.fused_prefill)):
-        prefill += 2 * prefill_rows * s.heads * chunk * (context + chunk) * s.act_bytes
+        # MLX's softmax works in place; a compiled one (CPU, float32: engine/kv/cores.py)
+        # holds the scores, their exp and the result at once (measured with MLX's peak)
+        held = 3 if backend == "cpu" and _mlx_env.JIT and s.act_bytes == 4 else 2
+        prefill += held * prefill_rows * s.heads * chunk * (context + chunk) * s.act_bytes
     if backend == "cuda" and whole_pass:
         prefill *= max(1, s.layers)
     decode = rows * 3 * s.vocab * 4
