@@ -114,6 +114,7 @@ def test_rows_leaving_keep_the_buffer_on_the_step_grid(loaded, monkeypatch):
 
     for mod in (rows_mod, step_mod, prefill_mod):
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    monkeypatch.setattr(step_mod, "HOLD", False)  # (rows leave at once: the filter is tested)
     monkeypatch.setattr(native, "GRID_TRIM", True)
     monkeypatch.setattr(FullLayout, "step", 8)
     seen = []  # (trimmed slots, width after, a whole number of steps)
