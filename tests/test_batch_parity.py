@@ -187,8 +187,12 @@ def test_attention_split_over_threads_matches_batch_generator(loaded, schedule, 
     without MLX's JIT on FMA it is only as fast as MLX's), gives BatchGenerator's tokens and
     the goldens'; the oracle itself runs on MLX's own call, unsplit (the setting is per
     thread)."""
+    import mlx.core as mx
+
     from appliance.engine.kv import cores
 
+    if mx.default_device() != mx.cpu:  # (the plan refuses attention_threads > 1 elsewhere)
+        pytest.skip("attention over CPU streams, and its compiled softmax, are the CPU's")
     name, model, tok = loaded
     calls = _spy_attention(cores, monkeypatch)
     monkeypatch.setattr(cores, "compiled_softmax", lambda: compiled)
@@ -224,6 +228,8 @@ def test_compiled_softmax_attention_is_bit_equal_to_mlx():
 
     from appliance.engine.kv import cores
 
+    if mx.default_device() != mx.cpu:
+        pytest.skip("the compiled softmax is the CPU backend's (MLX's CPU attention, op for op)")
     mx.random.seed(3)
     cases = [(1, 4, 2, 64, 300, "causal"), (5, 4, 2, 1, 230, "bool"), (3, 4, 2, 7, 40, "bool"),
              (2, 4, 4, 16, 50, None), (4, 4, 2, 1, 50, "add"), (1, 8, 2, 24, 70, "causal"),
