@@ -92,3 +92,26 @@ def test_a_warm_up_with_a_draft_speculates_at_every_batch_size(monkeypatch):
         assert stats["tokens_generated"] == 0 and stats["speculation"]["mtp"]["proposed"] == 0
     finally:
         engine.stop()
+
+
+def test_the_warm_up_re_forms_a_batch_around_finished_rows(monkeypatch):
+    """With finished rows held in the batch (step.HOLD, CUDA's policy; forced here), the
+    burst still re-forms a batch around rows still decoding: a row joins after the first
+    ones finished, so the held rows leave with live rows beside them (the filter's kernels
+    are built before serving, not in a client's request). Nothing is left behind."""
+    from appliance.engine import step as step_mod
+    from appliance.engine.rows import _Decoding
+
+    monkeypatch.setattr(step_mod, "HOLD", True)
+    drops, drop = [], _Decoding.drop_retired
+    monkeypatch.setattr(_Decoding, "drop_retired", lambda d, also=(): drops.append(
+        (len(d.retired), d.live - len(also))) or drop(d, also))
+    engine = build_engine(resolve_overrides(["server.warmup=true", "batch.max_rows=4",
+                                             "batch.prefill_chunk=64"]))
+    try:
+        assert any(held and survivors for held, survivors in drops), drops
+        stats = engine.stats()
+        assert stats["tokens_generated"] == 0 and stats["finished_rows"] == 0
+        assert stats["kv_reserved_bytes"] in (0, None)
+    finally:
+        engine.stop()
