@@ -1,0 +1,2 @@
+import appliance.engine.step as _s
+_s.HOLD = False
