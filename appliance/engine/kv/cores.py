@@ -54,8 +54,16 @@ def use(n: int) -> None:
         pool.append(mx.new_stream(mx.cpu))
     _local.streams = [None, *pool[:n - 1]] if n > 1 else None
     _local.compiled = compiled_softmax()
+    if _local.compiled:
+        _build()
     if n > 1 or _local.compiled:
         mx.fast.scaled_dot_product_attention = _split
+
+
+def _build() -> None:
+    """Compile the softmax's one kernel now, not in the first request: g++ took 0.67 s here
+    the first time on a machine (MLX keeps the library for later processes)."""
+    mx.eval(_exp(mx.zeros((1, 1, 2, 8)), _ZERO))
 
 
 def reset() -> None:
