@@ -263,10 +263,9 @@ class ContinuousScheduler(SoloRow):
                 continue
             r = h.request
             if not self.budget.try_admit(h.id, len(r.prompt), r.max_tokens):
-                if not self._held:
+                if not (self._held and self._batch.drop_retired()):
                     return  # wait for running rows to free their KV
-                self._batch.drop_retired()  # held rows give their KV back first
-                self._release_dropped()
+                self._release_dropped()  # held rows gave their KV back: try again
                 continue
             self._waiting.popleft()
             self._trim()  # before the hit's copy: the RAM tier gives back what the row claims
