@@ -77,7 +77,11 @@ def apply() -> None:
     global JIT
     for key in SET_HERE:
         os.environ[key] = DEFAULTS[key]
-    if JIT is None and os.environ.get("APPLIANCE_JIT_FRONT", "1") != "0":
+    front = os.environ.get("APPLIANCE_JIT_FRONT", "1")
+    if front not in ("0", "1"):
+        raise ValueError(f"APPLIANCE_JIT_FRONT={front!r}: valid choices: 0 (MLX's JIT as it "
+                         "is), 1 (the default: the g++ front where the CPU has FMA)")
+    if JIT is None and front == "1":
         JIT = _jit_front()
         if JIT is not None:
             os.environ["PATH"] = JIT + os.pathsep + os.environ.get("PATH", "")

@@ -131,7 +131,8 @@ def test_mlx_settings_are_set_before_mlx_unless_the_user_set_them():
 def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
     """On x86-64 with AVX2 and FMA and a g++ installed, `import appliance` puts a g++ front
     (adding -mavx2 -mfma -ffp-contract=off) first on PATH for MLX's CPU JIT; a peer server
-    runs without it; APPLIANCE_JIT_FRONT=0 leaves PATH alone. A kernel the front compiles
+    runs without it; APPLIANCE_JIT_FRONT=0 leaves PATH alone, and a value other than 0 or 1
+    is refused, named. A kernel the front compiles
     gives mx.exp's bits."""
     import os
     import shutil
@@ -156,6 +157,9 @@ def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
     off = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                          text=True, env={**env, "APPLIANCE_JIT_FRONT": "0"}).stdout.split()
     assert off[0] == "None" and off[1] != str(front.parent)
+    bad = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**env, "APPLIANCE_JIT_FRONT": "off"})
+    assert bad.returncode != 0 and "APPLIANCE_JIT_FRONT='off': valid choices: 0" in bad.stderr
     # the front compiles a kernel (MLX's cache in its own temporary directory) to exp's bits
     kernel = ("import appliance, mlx.core as mx; x = mx.random.normal((100000,)) * 30; "
               "f = mx.compile(lambda a, b: mx.exp(a - b)); z = mx.array(0.0); "
