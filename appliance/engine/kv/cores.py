@@ -30,6 +30,7 @@ call as it is.
 
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import nullcontext
 
@@ -60,6 +61,7 @@ def use(n: int) -> None:
         mx.fast.scaled_dot_product_attention = _split
 
 
+@functools.cache
 def _build() -> None:
     """Compile the softmax's one kernel now, not in the first request: g++ took 0.67 s here
     the first time on a machine (MLX keeps the library for later processes)."""
