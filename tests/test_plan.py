@@ -130,14 +130,16 @@ def test_mlx_settings_are_set_before_mlx_unless_the_user_set_them():
 
 def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
     """On x86-64 with AVX2 and FMA and a g++ installed, `import appliance` puts a g++ front
-    (adding -mavx2 -mfma -ffp-contract=off) first on PATH for MLX's CPU JIT; a peer server
-    runs without it; APPLIANCE_JIT_FRONT=0 leaves PATH alone, and a value other than 0 or 1
-    is refused, named. A kernel the front compiles
-    gives mx.exp's bits."""
+    (adding -mavx2 -mfma -ffp-contract=off and what vectorizes exp) first on PATH for MLX's
+    CPU JIT, with a TMPDIR of its own for MLX's kernel cache; a peer server runs without
+    either; APPLIANCE_JIT_FRONT=0 leaves PATH alone, and a value other than 0 or 1 is
+    refused, named. A kernel the front compiles gives mx.exp's bits, over exp's whole range
+    and past it."""
     import os
     import shutil
     import subprocess
     import sys
+    from pathlib import Path
 
     flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "") \
         if os.path.exists("/proc/cpuinfo") else ""
@@ -145,28 +147,36 @@ def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
             and os.uname().machine == "x86_64"):
         pytest.skip("needs an x86-64 CPU with AVX2 and FMA, and g++")
     probe = ("import appliance, os; from appliance import _mlx_env; "
+             "peer = _mlx_env.without_ours(); "
              "print(_mlx_env.JIT, os.environ['PATH'].split(os.pathsep)[0], "
-             "_mlx_env.JIT in _mlx_env.without_ours()['PATH'].split(os.pathsep))")
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+             "_mlx_env.JIT in peer['PATH'].split(os.pathsep), os.environ['TMPDIR'], "
+             "peer['TMPDIR'])")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
     env.pop("APPLIANCE_JIT_FRONT", None)
-    jit, first, peer_has = subprocess.run([sys.executable, "-c", probe], env=env, check=True,
-                                          capture_output=True, text=True).stdout.split()
+    jit, first, peer_has, tmpdir, peer_tmpdir = subprocess.run(
+        [sys.executable, "-c", probe], env=env, check=True, capture_output=True,
+        text=True).stdout.split()
     front = tmp_path / "appliance" / "jit" / "g++"
     assert jit == first == str(front.parent) and peer_has == "False"
-    assert "-mavx2 -mfma -ffp-contract=off" in front.read_text()
+    assert "-mavx2 -mfma -ffp-contract=off -fno-trapping-math" in front.read_text()
+    assert Path(tmpdir).parent == tmp_path and Path(tmpdir).name.startswith("appliance-jit-")
+    assert peer_tmpdir == str(tmp_path)
     off = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                          text=True, env={**env, "APPLIANCE_JIT_FRONT": "0"}).stdout.split()
     assert off[0] == "None" and off[1] != str(front.parent)
     bad = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          env={**env, "APPLIANCE_JIT_FRONT": "off"})
     assert bad.returncode != 0 and "APPLIANCE_JIT_FRONT='off': valid choices: 0" in bad.stderr
-    # the front compiles a kernel (MLX's cache in its own temporary directory) to exp's bits
-    kernel = ("import appliance, mlx.core as mx; x = mx.random.normal((100000,)) * 30; "
+    # the front compiles a kernel (MLX's cache in the front's own directory) to exp's bits
+    kernel = ("import appliance, mlx.core as mx; "
+              "x = mx.concatenate([mx.random.normal((100000,)) * 30, "
+              "mx.linspace(-100, 100, 400001), mx.array([0.0, -0.0, 88.0, -88.0])]); "
               "f = mx.compile(lambda a, b: mx.exp(a - b)); z = mx.array(0.0); "
               "print(mx.array_equal(f(x, z), mx.exp(x)).item())")
     out = subprocess.run([sys.executable, "-c", kernel], check=True, capture_output=True,
-                         text=True, env={**env, "TMPDIR": str(tmp_path)}).stdout.split()
-    assert out == ["True"] and list(tmp_path.glob("mlx/*/cpu/*.so"))
+                         text=True, env=env).stdout.split()
+    assert out == ["True"] and list(Path(tmpdir).glob("mlx/*/cpu/*.so"))
+    assert not list(tmp_path.glob("mlx"))
 
 
 def test_batch_plan_states_placement_and_budget():

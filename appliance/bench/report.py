@@ -15,6 +15,7 @@ import platform
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from appliance import _mlx_env
 from appliance.plan import ExecutionPlan
 
 
@@ -49,8 +50,9 @@ def label(plan: ExecutionPlan, cfg) -> dict:
         # MLX's and its BLAS's settings from the environment (appliance/_mlx_env.py sets
         # some MLX ones, which a peer server started by the bench runs without; _blas.py
         # sets OpenBLAS's, which it shares)
-        "mlx_env": {k: v for k, v in sorted(os.environ.items())
-                    if k.startswith(("MLX_", "OPENBLAS_", "GOTO_"))},
+        "mlx_env": {**{k: v for k, v in sorted(os.environ.items())
+                       if k.startswith(("MLX_", "OPENBLAS_", "GOTO_"))},
+                    "jit_front": _mlx_env.FLAGS if _mlx_env.JIT else None},
         "fingerprint": plan.fingerprint,
         "batch": {"mode": b.mode, "max_rows": b.max_rows, "prefill_chunk": b.prefill_chunk},
         "kv": plan.kv.scheme, "draft": plan.draft.kind, "cache": plan.cache.kind,
