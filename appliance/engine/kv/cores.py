@@ -17,11 +17,13 @@ MIN_SCORES the streams' synchronisation costs more than it saves.
 
 The softmax: MLX's CPU attention is its own ops (scores, mask, `softmax`, values), and its
 softmax is 74% of a prefill pass over a 2k-token cache (docs/benchmarks.md, 17th session),
-nearly all of it `exp` (libm `fma` calls: appliance/_mlx_env.py). Where MLX's JIT builds with
-FMA (`_mlx_env.JIT`), `attend` runs the same ops with the softmax spelled out (the row's max,
-exp of the difference, its sum, times the sum's reciprocal, in the order MLX's kernel takes)
-and the exp compiled: bit-equal to `mx.fast.scaled_dot_product_attention` (tests/
-test_batch_parity.py), a 512-token chunk's attention over 2.5k keys 56 against 82 ms.
+nearly all of it `exp` (a scalar loop of libm `fma` calls: appliance/_mlx_env.py). Where
+MLX's JIT builds with FMA (`_mlx_env.JIT`), `attend` runs the same ops with the softmax
+spelled out (the row's max, exp of the difference, its sum, times the sum's reciprocal, in
+the order MLX's kernel takes) and the exp compiled: bit-equal to
+`mx.fast.scaled_dot_product_attention` (tests/test_batch_parity.py), a 512-token chunk's
+attention over 2.5k keys 53 against 98 ms (the front's `exp` vectorized; docs/benchmarks.md,
+23rd session).
 
 `use(n)` turns both on for the calling thread (the engine's, a bench's): the streams are
 thread-local in MLX, and other threads (an oracle in the same process) keep the fused
