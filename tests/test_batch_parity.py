@@ -273,6 +273,33 @@ def test_the_engine_thread_splits_attention_as_planned(threads, monkeypatch):
     assert {k for k, _ in calls} == {"compiled" if _mlx_env.JIT else "mlx"}
 
 
+@pytest.mark.parametrize("B,L,T,split", [
+    (1, 512, 2048, True),    # a lone row's prefill chunk over a 2k cache (4 query heads)
+    (1, 16, 2048, False),    # a short pass: two BLAS GEMMs at once oversubscribe the cores
+    (8, 1, 2200, True),      # a decode step of 8 rows over 2.2k tokens
+    (2, 1, 512, False),      # a small decode step: the streams' sync costs more than it saves
+])
+def test_attention_splits_by_its_scores(B, L, T, split, monkeypatch):
+    """What splits over two streams (engine/kv/cores.py): decode steps and passes of at least
+    MIN_PREFILL tokens a row, each with at least MIN_SCORES scores, a pass's query tokens
+    counted (a prefill chunk of a 4-head model over a 2k cache was never split when they
+    were not); the output is bit-exact either way."""
+    import mlx.core as mx
+
+    from appliance.engine.kv import cores
+
+    calls = _spy_attention(cores, monkeypatch)
+    q, k, v = (mx.random.normal((B, h, n, 64)) for h, n in ((4, L), (2, T), (2, T)))
+    try:
+        cores.use(2)
+        got = cores._split(q, k, v, scale=0.125, mask="causal" if L > 1 else None)
+    finally:
+        cores.reset()
+    assert (len(calls) > 1) == split and {h for _, h in calls} == ({2} if split else {4})
+    want = cores._fused(q, k, v, scale=0.125, mask="causal" if L > 1 else None)
+    assert mx.array_equal(got, want).item()
+
+
 def test_attention_streams_are_kept_per_thread():
     """A thread that builds engine after engine (a bench) reuses its extra streams: each is
     a thread of MLX's."""

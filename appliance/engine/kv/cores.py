@@ -8,12 +8,13 @@ over n streams runs on n cores at once, with each head's arithmetic unchanged: t
 is bit-exact. Measured on a 2-core EPYC (embedded model, float32, 2 kv heads): a B=16 step
 over 2.5k-token rows took 56-75 ms on one stream, 35 ms split over two.
 
-What splits: single-token passes (a decode step) with at least MIN_SCORES scores, and
-passes of at least MIN_PREFILL tokens a row (prefill chunks: a 512-token chunk over 2k
-keys took 815-860 ms a forward, 635-723 ms split). In between, the score matmuls are
-multi-threaded BLAS GEMMs too small to pay for two at once oversubscribing the cores
-(16 tokens over 2k keys: 30 ms a forward, 43-55 ms split; 128 tokens: about even); below
-MIN_SCORES the streams' synchronisation costs more than it saves.
+What splits: single-token passes (a decode step) and passes of at least MIN_PREFILL tokens a
+row (prefill chunks: a 512-token chunk over 2k keys took 815-860 ms a forward, 635-723 ms
+split; with the vectorized softmax, paired medians 0.85-0.94x split for 256-512 tokens), of
+at least MIN_SCORES scores each. In between, the score matmuls are multi-threaded BLAS GEMMs
+too small to pay for two at once oversubscribing the cores (16 tokens over 2k keys: 30 ms a
+forward, 43-55 ms split; 128 tokens: about even); below MIN_SCORES the streams'
+synchronisation costs more than it saves.
 
 The softmax: MLX's CPU attention is its own ops (scores, mask, `softmax`, values), and its
 softmax is 74% of a prefill pass over a 2k-token cache (docs/benchmarks.md, 17th session),
@@ -40,7 +41,7 @@ import mlx.core as mx
 
 from appliance import _mlx_env
 
-MIN_SCORES = 16384  # batch x query heads x keys; measured break-even ~8k on the EPYC
+MIN_SCORES = 16384  # batch x query heads x query tokens x keys; break-even ~8k on the EPYC
 MIN_PREFILL = 256  # query tokens a row
 _local = threading.local()  # .streams: [None (the caller's stream), *extra], .pool
 _fused = getattr(mx.fast.scaled_dot_product_attention, "__wrapped__",
@@ -125,7 +126,7 @@ def _split(queries, keys, values, *, scale, mask=None, sinks=None, **kw):
     B, n_q, L, _ = queries.shape
     n_kv, T = keys.shape[1], keys.shape[2]
     n = min(len(streams), n_kv) if streams else 1
-    if n < 2 or (L != 1 and L < MIN_PREFILL) or kw or B * n_q * T < MIN_SCORES:
+    if n < 2 or (L != 1 and L < MIN_PREFILL) or kw or B * n_q * L * T < MIN_SCORES:
         return _one(queries, keys, values, scale=scale, mask=mask, sinks=sinks, **kw)
     per_head = isinstance(mask, mx.array) and mask.ndim == 4 and mask.shape[1] == n_q
     group = n_q // n_kv
