@@ -90,12 +90,14 @@ def _own_tmpdir(front: str) -> bool:
     """TMPDIR set to a directory of this front's own (MLX's kernel cache lives under it)."""
     global _TMPDIR
     key = hashlib.sha1(front.encode()).hexdigest()[:12]
-    own = Path(tempfile.gettempdir()) / f"appliance-jit-{key}"
+    tmp = Path(tempfile.gettempdir())
+    inherited = tmp.name == f"appliance-jit-{key}"  # (a child of a process with the front)
+    own = tmp if inherited else tmp / f"appliance-jit-{key}"
     try:
         own.mkdir(exist_ok=True)
     except OSError:
         return False
-    _TMPDIR = os.environ.get("TMPDIR")
+    _TMPDIR = str(tmp.parent) if inherited else os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(own)
     tempfile.tempdir = None  # (Python's own temporary files follow)
     return True

@@ -131,10 +131,10 @@ def test_mlx_settings_are_set_before_mlx_unless_the_user_set_them():
 def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
     """On x86-64 with AVX2 and FMA and a g++ installed, `import appliance` puts a g++ front
     (adding -mavx2 -mfma -ffp-contract=off and what vectorizes exp) first on PATH for MLX's
-    CPU JIT, with a TMPDIR of its own for MLX's kernel cache; a peer server runs without
-    either; APPLIANCE_JIT_FRONT=0 leaves PATH alone, and a value other than 0 or 1 is
-    refused, named. A kernel the front compiles gives mx.exp's bits, over exp's whole range
-    and past it."""
+    CPU JIT, with a TMPDIR of its own for MLX's kernel cache (shared by its children); a
+    peer server runs without either; APPLIANCE_JIT_FRONT=0 leaves PATH alone, and a value
+    other than 0 or 1 is refused, named. A kernel the front compiles gives mx.exp's bits,
+    over exp's whole range and past it."""
     import os
     import shutil
     import subprocess
@@ -161,6 +161,10 @@ def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
     assert "-mavx2 -mfma -ffp-contract=off -fno-trapping-math" in front.read_text()
     assert Path(tmpdir).parent == tmp_path and Path(tmpdir).name.startswith("appliance-jit-")
     assert peer_tmpdir == str(tmp_path)
+    # a child of such a process (its TMPDIR the front's directory) shares it, not nests one
+    child = subprocess.run([sys.executable, "-c", probe], env={**env, "TMPDIR": tmpdir},
+                           check=True, capture_output=True, text=True).stdout.split()
+    assert child[3:] == [tmpdir, str(tmp_path)]
     off = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                          text=True, env={**env, "APPLIANCE_JIT_FRONT": "0"}).stdout.split()
     assert off[0] == "None" and off[1] != str(front.parent)
