@@ -27,8 +27,9 @@ rounds once, in libm or in hardware). 2-core EPYC, `exp` over 4.3M floats: 68 ms
 
 TMPDIR, with the front: MLX keeps its compiled kernels in `<TMPDIR>/mlx/<version>/cpu` by
 kernel name, not by compiler flags, and reuses one it finds. With the front the process gets
-a temporary directory of its own per front (`<TMPDIR>/appliance-jit-<hash>`), so a kernel
-built by a peer without it, or by an older front, is never reused. `APPLIANCE_JIT_FRONT=0`
+a temporary directory of its own per front (`<TMPDIR>/appliance-jit-<hash>`; its children,
+whose TMPDIR it already is, share it), so a kernel built by a peer without it, or by an
+older front, is never reused. `APPLIANCE_JIT_FRONT=0`
 leaves MLX's JIT and TMPDIR as they are.
 """
 
