@@ -14,7 +14,7 @@ cp /tmp/sp_nohold/bench.json $OUT/spec-mtp-b16-nohold.json; date -u +%H:%M:%S
 timeout 190 python3 -c "$A" $S hydra.run.dir=/tmp/sp_hold 2>&1 | grep -v Warning | tail -5
 cp /tmp/sp_hold/bench.json $OUT/spec-mtp-b16-hold.json; date -u +%H:%M:%S
 # Then plain steps alone: draft=mtp whose control never speculates against draft=none
-# (scripts/plainstep.py, copied to devrun/), as shipped and with HOLD off for both.
+# (docs/bench-results/2026-12-03-cpu-23rd/scripts/plainstep.py, copied to devrun/), as shipped and with HOLD off for both.
 timeout 120 python3 devrun/plainstep.py mtp 16 512 7 2>&1 | grep -v Warning | tail -2
 timeout 120 python3 -c "import sys, runpy, appliance.engine.step as s; s.HOLD = False; sys.argv = ['plainstep.py', 'mtp', '16', '512', '7']; runpy.run_path('devrun/plainstep.py', run_name='__main__')" 2>&1 | grep -v Warning | tail -2
 date -u +%H:%M:%S
