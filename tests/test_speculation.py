@@ -238,7 +238,8 @@ def test_cuda_verify_attention_beside_encoded_layers_is_token_exact(start, monke
 def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch, request):
     """On CUDA, verify passes attend over whole KV buffers and feed every row k + 1 tokens
     (one shape per batch size: MLX compiles per shape there), and a drafter catching up
-    feeds a `pass_width` of tokens. The same arithmetic, run here on CPU, is token-exact
+    feeds a `pass_width` of tokens, and finished rows stay in the batch until rows join
+    (step.HOLD), proposing nothing. The same arithmetic, run here on CPU, is token-exact
     with draft=none."""
     from appliance.engine import prefill, rows, step, verify
     from appliance.engine.speculate import drafters
@@ -250,6 +251,9 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch, requ
     plain, _ = run(model, tok, "dynamic")
     for mod in (drafters, verify, step, rows, prefill):  # each that reads it (by name)
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    monkeypatch.setattr(step, "HOLD", True)
+    held, retire = [], rows._Decoding.retire
+    monkeypatch.setattr(rows._Decoding, "retire", lambda d, i: held.append(i) or retire(d, i))
     widths, whole = [], drafters.whole_buffers
     monkeypatch.setattr(drafters, "whole_buffers",
                         lambda layers, n, on, **kw: widths.append(n) or whole(layers, n, on, **kw))
@@ -262,6 +266,7 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch, requ
                                Control(3, adaptive=False))}[drafter]()
     spec, s = run(model, tok, "dynamic", draft)
     assert s._batch.spec_ticks > 0
+    assert held  # (b finishes first while a and c decode on)
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, (name, r)
     if drafter != "scripted":

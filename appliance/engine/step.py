@@ -48,7 +48,10 @@ SETTLE = 3  # a step is timed from the third at an unchanged batch size (see _de
 # nobody reads, rather than being filtered out at once: on CUDA every filter re-forms the
 # KV buffers, and the next step matched no cached CUDA graph (8B, H200: the step after a row
 # left took 2-3 steady steps of host time, 21st session). A held row's KV stays counted
-# against the budget until it goes (`dropped`). Not with a drafter, whose rows all propose.
+# against the budget until it goes (`dropped`). With a drafter too: a held row proposes
+# nothing and its drafter keeps nothing for it (an H200 at B=16, mtp whose control never
+# speculated: plain steps 0.91x draft=none's with only draft=none holding, 0.98x with
+# neither, 24th session).
 HOLD = WHOLE_BUFFER
 
 
@@ -114,7 +117,7 @@ class BatchStep:
         self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
         self._asked = False  # this step read the pending tokens for drafts and found none
         self._rows_were, self._same = 0, 0  # the last step's rows; steps since they changed
-        self.hold = HOLD and drafter is None
+        self.hold = HOLD
         self.dropped: list[int] = []  # held rows whose KV went since the scheduler last took
 
     def _observe(self, uids: list[int], fed: list[list[int]], step: bool = False) -> None:
@@ -275,7 +278,8 @@ class BatchStep:
             # whichever rows run beside it, so its text is reproducible.
             seeded = isinstance(d.samplers[i], SeededSampler)
             stop = pend is not None and pend[i] in self.stop_tokens
-            ks.append(0 if stop or room <= 0 or seeded else min(room, ctl.budget(uid)))
+            held = uid is None  # (finished, held in the batch: HOLD)
+            ks.append(0 if stop or room <= 0 or seeded or held else min(room, ctl.budget(uid)))
         guesses = None
         if ahead:
             conts = [c[:1] if c and c[0] in self.stop_tokens else c  # (nothing past a stop)

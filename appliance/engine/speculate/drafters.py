@@ -137,14 +137,18 @@ class ModelDrafter(_Sampled):
         held = batch.extra[0].offset.tolist()  # tokens the draft holds per row
         have, lagging = [], []  # per row: up to which of its tokens the draft has seen
         for i, (uid, toks) in enumerate(zip(batch.uids, batch.tokens, strict=True)):
+            if uid is None:  # held (finished): fed its pending token only, drafts nothing
+                have.append(len(toks) + 1)
+                continue
             seen = self._base.get(uid, 0) + held[i]
             if len(toks) - seen > LAG_MAX:
                 lagging.append(i)
                 seen = self._base[uid] = len(toks) - LAG_MAX
             have.append(seen)
         _restart(batch.extra, lagging)
-        feeds = [[*toks[have[i]:], p][:self.chunk]
-                 for i, (toks, p) in enumerate(zip(batch.tokens, pend, strict=True))]
+        feeds = [[*toks[have[i]:], p][:self.chunk] if uid is not None else [p]
+                 for i, (uid, toks, p) in enumerate(zip(batch.uids, batch.tokens, pend,
+                                                        strict=True))]
         ready = [len(batch.tokens[i]) + 1 == have[i] + len(f) for i, f in enumerate(feeds)]
         logits = _feed(self.draft, batch.extra, feeds)
         last = mx.stack([logits[i, len(f) - 1] for i, f in enumerate(feeds)])
@@ -305,7 +309,7 @@ class MTPDrafter(_Sampled):
         if step:
             rows = self._rows
             for uid in uids:
-                if uid not in rows:
+                if uid not in rows and uid is not None:  # (None: held, finished)
                     rows[uid] = _Pairs()
             self._n += 1
             self._log.append((self._n, hidden, tuple(uids), fed))
@@ -359,11 +363,15 @@ class MTPDrafter(_Sampled):
         self.fed = False
         if not steps:
             return [[] for _ in ks], None
-        rows = [self._row(u) for u in batch.uids]
-        _restart(batch.extra, [i for i, r in enumerate(rows) if r.restart])
-        for r in rows:
+        rows = [self._row(u) if u is not None else None for u in batch.uids]
+        _restart(batch.extra, [i for i, r in enumerate(rows) if r is not None and r.restart])
+        feeds = []
+        for r, p in zip(rows, pend, strict=True):
+            if r is None:  # held (finished): the head is fed nothing for it
+                feeds.append((None, [], False))
+                continue
             r.restart = False
-        feeds = [self._take(r, p) for r, p in zip(rows, pend, strict=True)]
+            feeds.append(self._take(r, p))
         self.fed = any(t for _, t, _ in feeds)  # (nothing is taken from a row with none)
         if not self.fed:
             return [[] for _ in ks], None
@@ -398,6 +406,8 @@ class MTPDrafter(_Sampled):
         if self.fed and self._steps > 1:  # every row wrote them at the shared cursor
             drop_tails(batch.extra[0], [self._steps - 1] * len(batch.uids))
         for i, (uid, kept) in enumerate(zip(batch.uids, batch.last_kept, strict=True)):
+            if uid is None:
+                continue  # held (finished)
             ok = self.fed and self._ready[i]
             self._row(uid).add(kept, batch.last_hidden, i, skip_first=ok)
 
