@@ -18,8 +18,11 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
     from appliance.bench import run, spec
 
     order, controls, real = [], [], spec._run_batch
+    engines: list = []  # the schedulers, in order of their first run (A/A: two none)
 
     def logged(sched, reqs):
+        if sched not in engines:
+            engines.append(sched)
         order.append("none" if sched.drafter is None else "draft")
         controls.append(type(sched._batch.control).__name__)
         return real(sched, reqs)
@@ -33,7 +36,7 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
     assert [(c["workload"], c["rows"]) for c in r["cells"]] == [
         ("edit", 1), ("edit", 2), ("free", 1), ("free", 2)]
     for c in r["cells"]:
-        for name in ("none", "lookup"):
+        for name in ("none", "lookup", spec.AGAIN):
             assert len(c[name]["runs_tok_s"]) == 2 and c[name]["tok_s"] == max(
                 c[name]["runs_tok_s"])
             assert c[name]["tokens"] == c["none"]["tokens"]  # the same work (EOS banned)
@@ -53,13 +56,21 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
         pairs = [d / n for d, n in zip(c["lookup"]["runs_tok_s"], c["none"]["runs_tok_s"],
                                        strict=True)]
         assert c["paired_ratio"] == round(sum(pairs) / 2, 3)  # (2 runs: the mean)
-    # per cell: a warm-up each, then the runs alternate (drift on the machine meets both)
-    assert order == ["none", "draft"] * (1 + 2) * 4
+        # A/A: the second draft=none engine against the first, by the same measures
+        aa = [sorted(c[n]["runs_tok_s"]) for n in (spec.AGAIN, "none")]
+        assert c["control"]["median_ratio"] == round(sum(aa[0]) / sum(aa[1]), 3)
+        assert c["control"]["ratio"] == round(c[spec.AGAIN]["tok_s"] / c["none"]["tok_s"], 3)
+        assert c[spec.AGAIN]["accepted"] == 0
+    # per cell: a warm-up each, then the runs alternate, each engine first in turn (drift
+    # on the machine meets all alike)
+    assert order == (["none", "draft", "none"] * 2 + ["draft", "none", "none"]) * 4
+    assert len(engines) == 4 * 3  # three engines a cell: none, the draft, none again
     # the draft's warm-up speculates as a server's start-up burst does; its runs adapt
-    assert controls == (["NoneType", "Alternating"] + ["NoneType", "Control"] * 2) * 4
+    assert controls == (["NoneType", "Alternating", "NoneType", "NoneType", "Control",
+                         "NoneType", "Control", "NoneType", "NoneType"]) * 4
     assert [v["rows"] for v in r["verify_cost"]] == [1, 2]
     assert all([x["k"] for x in v["verify"]] == [1, 2, 3] for v in r["verify_cost"])
     text = spec_text(doc)
     assert "draft=lookup (k=3) against draft=none" in text and "verify cost at B=2" in text
-    assert "all-B ratio" in text and "median" in text and "paired" in text
+    assert "all-B ratio" in text and "median" in text and "paired" in text and "A/A" in text
     assert json.loads((tmp_path / "bench.json").read_text())["result"] == r

@@ -54,7 +54,7 @@ READS = {
     "kv": ("kv_budget", "kv_capacity_contexts", "kv_batches", "kv_context", "kv_short_context",
            "decode_tokens", "repeats", "seed"),
     "spec": ("spec_workloads", "spec_batches", "spec_context", "spec_verify_cost",
-             "decode_tokens", "repeats"),
+             "spec_control", "decode_tokens", "repeats"),
     "agents": ("agents", "turns", "system_tokens", "user_tokens", "tool_tokens", "max_tokens",
                "think_s", "stagger_s", "jitter_s", "seed", "warmup", "anchor"),
 }

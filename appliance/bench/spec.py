@@ -10,7 +10,9 @@ Both engines run in this process on one loaded model, through the continuous sch
 (the anchor's lone row takes the solo path a draft=none user gets), their runs alternating;
 each reports its best of `bench.repeats`, and the cell the ratio of their best runs and of
 their median runs. Decode tok/s counts tokens after every row's first
-one, over the time since then (prefill excluded).
+one, over the time since then (prefill excluded). With `bench.spec_control`, a second
+draft=none engine runs too (`again`): its ratios against the first (`control`) are what
+two equal engines read in these runs, the noise a draft's ratio is read against.
 
 Also: the verify cost, a forward over B rows of 1 + k tokens against a plain decode step
 at the same B and context, for k = 1..draft.k (what a proposal costs before acceptance).
@@ -25,6 +27,7 @@ from pathlib import Path
 from appliance.plan import ExecutionPlan
 
 WORKLOADS = ("edit", "free")
+AGAIN = "none again"  # the A/A contender (bench.spec_control)
 EDIT = "\n\n# The same module again, with `_` prefixes removed from private names:\n"
 
 
@@ -209,6 +212,22 @@ def verify_cost(model, plan: ExecutionPlan, rows: int, context: int, ks: list[in
     return out
 
 
+def _ratios(a: dict, b: dict) -> dict:
+    """Contender a's tok/s over b's: best runs, median runs, per repeat, all-B window."""
+    out = {"ratio": round(a["tok_s"] / b["tok_s"], 3),
+           # (a launch-bound H200's runs of one contender spread by up to 1.7x: the ratio
+           # of medians is the steadier reading where the best runs disagree)
+           "median_ratio": round(statistics.median(a["runs_tok_s"])
+                                 / statistics.median(b["runs_tok_s"]), 3),
+           # each of a's runs against b's in the same repeat: a machine's drift over the
+           # runs (+-10-20% on a 2-core CPU) meets both sides of a pair alike
+           "paired_ratio": round(statistics.median(
+               x / y for x, y in zip(a["runs_tok_s"], b["runs_tok_s"], strict=True)), 3)}
+    if b["full_tok_s"]:
+        out["full_ratio"] = round(a["full_tok_s"] / b["full_tok_s"], 3)
+    return out
+
+
 def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
     import mlx.core as mx
 
@@ -222,6 +241,8 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
     contenders = {"none": DraftPlan(kind="none")}
     if plan.draft.kind != "none":
         contenders[plan.draft.kind] = plan.draft
+        if cfg.spec_control:
+            contenders[AGAIN] = DraftPlan(kind="none")
     results = []
     for workload in cfg.spec_workloads:
         for rows in cfg.spec_batches:
@@ -234,9 +255,10 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
             for sched in scheds.values():
                 _warm(sched, warm)
             runs = {name: [] for name in scheds}
-            for _ in range(cfg.repeats):  # alternating: the machine's drift meets both alike
-                for name, sched in scheds.items():
-                    runs[name].append(_run_batch(sched, reqs))
+            names = list(scheds)
+            for i in range(cfg.repeats):  # alternating, each in turn first: the machine's
+                for name in names[i % len(names):] + names[:i % len(names)]:  # drift meets
+                    runs[name].append(_run_batch(scheds[name], reqs))  # all alike
             for name, rs in runs.items():
                 best = max(rs, key=lambda r: r["tok_s"])
                 cell[name] = {**best, "runs_tok_s": [r["tok_s"] for r in rs],
@@ -247,20 +269,9 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
             del scheds
             mx.clear_cache()
             if plan.draft.kind != "none":
-                cell["ratio"] = round(cell[plan.draft.kind]["tok_s"] / cell["none"]["tok_s"], 3)
-                # (a launch-bound H200's runs of one contender spread by up to 1.7x: the
-                # ratio of medians is the steadier reading where the best runs disagree)
-                cell["median_ratio"] = round(
-                    statistics.median(cell[plan.draft.kind]["runs_tok_s"])
-                    / statistics.median(cell["none"]["runs_tok_s"]), 3)
-                # each draft run against the none run just before it: a machine's drift
-                # over the runs (+-10-20% on a 2-core CPU) meets both sides of a pair alike
-                cell["paired_ratio"] = round(statistics.median(
-                    d / n for d, n in zip(cell[plan.draft.kind]["runs_tok_s"],
-                                          cell["none"]["runs_tok_s"], strict=True)), 3)
-                if cell["none"]["full_tok_s"]:
-                    cell["full_ratio"] = round(cell[plan.draft.kind]["full_tok_s"]
-                                               / cell["none"]["full_tok_s"], 3)
+                cell.update(_ratios(cell[plan.draft.kind], cell["none"]))
+            if AGAIN in cell:
+                cell["control"] = _ratios(cell[AGAIN], cell["none"])
             results.append(cell)
     out = {"draft": plan.draft.kind, "k": plan.draft.k, "cells": results}
     if cfg.spec_verify_cost:
@@ -274,19 +285,24 @@ def spec_text(doc: dict) -> str:
     r = doc["result"]
     lines = [f"speculative decoding: draft={r['draft']} (k={r['k']}) against draft=none",
              f"{'workload':<8} {'B':>3} {'none tok/s':>11} {'draft tok/s':>12} {'ratio':>6} "
-             f"{'all-B ratio':>11} {'median':>6} {'paired':>6} {'accepted':>9} {'rejected':>9}"]
+             f"{'all-B ratio':>11} {'median':>6} {'paired':>6} {'accepted':>9} {'rejected':>9}"
+             f"  A/A (best/median/paired)"]
     for c in r["cells"]:
         d = c.get(r["draft"], c["none"])
         full = c.get("full_ratio")
+        aa = c.get("control")
         lines.append(f"{c['workload']:<8} {c['rows']:>3} {c['none']['tok_s']:>11.1f} "
                      f"{d['tok_s']:>12.1f} {c.get('ratio', 1.0):>6.2f} "
                      f"{'-' if full is None else format(full, '.2f'):>11} "
                      f"{c.get('median_ratio', 1.0):>6.2f} {c.get('paired_ratio', 1.0):>6.2f} "
-                     f"{d['accepted']:>9} {d['rejected']:>9}")
+                     f"{d['accepted']:>9} {d['rejected']:>9}  " + (
+                         '-' if aa is None else f"{aa['ratio']:.2f} / {aa['median_ratio']:.2f}"
+                         f" / {aa['paired_ratio']:.2f}"))
     lines.append("(ratio: tok/s from every row's first token to the last row's end; all-B "
                  "ratio: only while all B rows decode; ratio and all-B ratio compare each "
                  "contender's best run, median its median run, paired the median of each "
-                 "draft run over the none run before it)")
+                 "draft run over the none run of the same repeat; A/A: a second draft=none "
+                 "engine's ratios to the first, the runs' own spread)")
     for v in r.get("verify_cost", []):
         costs = ", ".join(f"k={x['k']}: {x['vs_plain']:.2f}x" for x in v["verify"])
         lines.append(f"verify cost at B={v['rows']} ({v['context']} tokens), against a plain "

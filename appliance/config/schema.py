@@ -168,6 +168,9 @@ class BenchConfig:
     spec_batches: list[int] = field(default_factory=lambda: [1, 4, 16])  # rows together
     spec_context: int = 512  # prompt tokens per row (a held-out stdlib file's)
     spec_verify_cost: bool = False  # also time verify passes of 1 + k tokens per row
+    # a second draft=none engine in the same runs (A/A): the ratio a contender reads against
+    # an equal one, so a draft's ratio is read against the runs' own spread
+    spec_control: bool = True
     # bench=agents: growing multi-turn conversations (system_tokens is the shared system
     # prompt, user_tokens the task; max_tokens, stagger_s, jitter_s, seed, warmup as above)
     agents: int = 8  # concurrent agents
