@@ -175,8 +175,8 @@ class FullLayout(BatchKVCache):
         """mlx-lm's `extend` (both right-aligned at the later cursor, in a buffer as long as
         the longer one, other's rows after these), written into one new buffer: mlx-lm pads
         each side, then concatenates, so the batch's rows are copied twice. The same values
-        in the same slots; one join's merge of 6 layers at 8 rows of ~2.3k tokens took
-        26-39 ms so against 56-85 ms (2-core CPU), in the step right after every join."""
+        in the same slots. A merge of 6 layers at 8 rows of ~2.3k tokens: 38-51 ms against
+        79-96 ms on a 2-core CPU, and MLX's peak above the inputs 115 MB against 241 MB."""
         if self.keys is None or other.keys is None:
             return BatchKVCache.extend(self, other)
         top = max(self._idx, other._idx)
