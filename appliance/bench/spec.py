@@ -11,7 +11,7 @@ Both engines run in this process on one loaded model, through the continuous sch
 each reports its best of `bench.repeats`, and the cell the ratio of their best runs and of
 their median runs. Decode tok/s counts tokens after every row's first
 one, over the time since then (prefill excluded). With `bench.spec_control`, a second
-draft=none engine runs too (`again`): its ratios against the first (`control`) are what
+draft=none engine runs too (`"none again"`): its ratios to the first (`control`) are what
 two equal engines read in these runs, the noise a draft's ratio is read against.
 
 Also: the verify cost, a forward over B rows of 1 + k tokens against a plain decode step
