@@ -74,3 +74,21 @@ def test_spec_bench_runs_both_contenders_alternately_on_the_same_rows(tmp_path, 
     assert "draft=lookup (k=3) against draft=none" in text and "verify cost at B=2" in text
     assert "all-B ratio" in text and "median" in text and "paired" in text and "A/A" in text
     assert json.loads((tmp_path / "bench.json").read_text())["result"] == r
+
+
+def test_the_a_a_control_runs_with_draft_none_and_goes_when_turned_off(tmp_path):
+    """`bench.spec_control` is honoured either way: with draft=none the two draft=none
+    engines still run (the runs' spread alone); turned off, only the contenders run."""
+    from conftest import resolve_overrides
+
+    from appliance.bench import run, spec
+
+    small = {**SMALL, "spec_workloads": ["free"], "spec_batches": [1], "spec_verify_cost": False}
+    plan = resolve_overrides(["model.dtype=float32", "draft=none"])
+    cell = run(plan, BenchConfig(**small), tmp_path / "on", ())["result"]["cells"][0]
+    assert set(cell) >= {"none", spec.AGAIN, "control"} and "ratio" not in cell
+    assert cell["control"]["ratio"] == round(cell[spec.AGAIN]["tok_s"] / cell["none"]["tok_s"], 3)
+    plan = resolve_overrides(["model.dtype=float32", "draft=lookup"])
+    cell = run(plan, BenchConfig(**{**small, "spec_control": False}), tmp_path / "off",
+               ())["result"]["cells"][0]
+    assert spec.AGAIN not in cell and "control" not in cell and "ratio" in cell

@@ -241,8 +241,8 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
     contenders = {"none": DraftPlan(kind="none")}
     if plan.draft.kind != "none":
         contenders[plan.draft.kind] = plan.draft
-        if cfg.spec_control:
-            contenders[AGAIN] = DraftPlan(kind="none")
+    if cfg.spec_control:  # (with draft=none too: the runs' spread alone)
+        contenders[AGAIN] = DraftPlan(kind="none")
     results = []
     for workload in cfg.spec_workloads:
         for rows in cfg.spec_batches:
