@@ -1,4 +1,4 @@
-# For the next session (not run). Issue 12 item 9 on the H200 at B=16: is a drafter's plain
+# Run in the 25th session as d35.sh (call 1 only: its call 2 ran past its timeout); see ../../2026-12-03-h200-25th/. Issue 12 item 9 on the H200 at B=16: is a drafter's plain
 # step slower than draft=none's, beyond the runs' own spread (A/A)? The 24th session read
 # model (never speculating in its best runs) at 0.91-0.97x against an A/A of 1.02-1.07, and
 # draft=none against itself at 0.954 (plainstep.py aa). Copy this and
