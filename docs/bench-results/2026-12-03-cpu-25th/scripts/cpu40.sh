@@ -1,3 +1,4 @@
+# the "idle" variant runs with PYTHONPATH=/tmp/sc, holding idle_only_sitecustomize.py as sitecustomize.py
 cd /work/main && . .venv/bin/activate
 mkdir -p /tmp/cpu40
 for i in 1 2; do
