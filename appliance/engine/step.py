@@ -116,6 +116,7 @@ class BatchStep:
         # (None) one that asked for drafts and found none
         self._last_end, self._quiet = 0.0, False  # the last decode step's end; no prefill since
         self._asked = False  # this step read the pending tokens for drafts and found none
+        self._ended = False  # rows finished in the last decode step
         self._rows_were, self._same = 0, 0  # the last step's rows; steps since they changed
         self.hold = HOLD
         self.dropped: list[int] = []  # held rows whose KV went since the scheduler last took
@@ -241,7 +242,11 @@ class BatchStep:
         # pending tokens first) is neither. Nor is a step at a batch size new within
         # SETTLE steps: a new size pays one-off costs (on an H200 the two steps after a
         # row left took 18-30 ms against 3-5, its CUDA graphs built anew), which times
-        # taken while rows leave one by one would make the common case.
+        # taken while rows leave one by one would make the common case. Nor is a step in
+        # which rows finished, or the next: the finished rows' KV is copied out in it (and
+        # a prefix cache stores it before the next), work that either mode pays alike (an
+        # H200, B=16: the plain steps as a bench's rows finished took 6-8 ms against 3.5,
+        # and a speculation that lost by 2x looked the faster, 26th session).
         now = time.perf_counter()
         self._same = self._same + 1 if rows == len(d) == self._rows_were else 0
         self._rows_were = len(d)
@@ -250,11 +255,11 @@ class BatchStep:
                 self.control.spent(rows, spec, now - self._last_end)
             kind = None if self._asked else spec
             if self._quiet and self._last_end and kind is not None and kind == self._before \
-                    and self._same >= SETTLE:
+                    and self._same >= SETTLE and not done and not self._ended:
                 self.control.timed(rows, spec, now - self._last_end,
                                    sum(len(e[0]) for e in emitted))
             self._before = kind
-        self._last_end = now
+        self._last_end, self._ended = now, bool(done)
         return events
 
     def _speculate(self) -> list | None:
