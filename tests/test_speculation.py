@@ -917,6 +917,32 @@ def test_a_costly_probe_is_repaid_before_the_next():
     assert ratios[0] > 0.88 and min(ratios[1:]) > 0.97, ratios
 
 
+def test_a_hopeless_speculation_on_cuda_is_probed_at_the_longest_gap():
+    """The H200 at B=16 (26th session; mtp and model, free code): a speculative step took
+    10-15 ms for ~2.5 tokens a row, a plain one 2.2-3.5 ms, and a probe's first step 35-115
+    ms (a drafter's catch-up): more than any acceptance of k = 3 could repay. Doubling from
+    its first gap, probes came every 1000-2000 steps, each costing a 256-token run 15-30%.
+    On CUDA, where a step's cost is flat in the rows' contexts, such a loss starts at the
+    back-off's end: simulated over bench=spec's 15 x 285 steps, one exploration and no
+    further probe. A loss that acceptance could turn still backs off from its first gap."""
+
+    def probes(spec_secs: float) -> int:
+        c = Control(3, drift=False, full_width=True, idle_max=0)
+        runs, before = 0, None
+        for _ in range(15 * 285):
+            spec = c.speculate(16)
+            secs = (spec_secs + (0.06 if before is False else 0)) if spec else 0.0025
+            if spec == before:
+                c.timed(16, spec, secs, 40 if spec else 16)
+            c.spent(16, spec, secs)
+            runs += spec and before is False
+            before = spec
+        return runs
+
+    assert probes(0.012) == 1  # the exploration's run of speculative steps, no probe
+    assert probes(0.008) >= 3  # (not hopeless: 0.008 < 4 x 0.0025) probed as before
+
+
 @pytest.mark.parametrize("cuda", [False, True])
 def test_a_probe_waits_for_a_step_that_can_be_timed(cuda):
     """A probe of steps that cannot be timed (rows still joining, a prefill beside them)

@@ -66,6 +66,7 @@ EXPLORE_AFTER = 8
 # to verify.COMPACT_AT), and each switch of mode restarts the pipeline. Near break-even
 # (B=16 on a 2-core CPU) the plain step is the safe choice.
 MARGIN = 1.05
+LONGEST = 16  # the most a losing speculation's probe gap grows to, over its first gap
 
 
 def _bucket(rows: int) -> int:
@@ -107,12 +108,12 @@ class Control:
     are measured, and the faster mode runs. The slower one is
     probed again for a few steps after `explore_every` steps (when speculation is the slower
     one, after its last probe's loss over SHARE), then after twice as many each time it
-    loses again (up to 16x), so probing costs a small share of a long run and
-    speculation is never the slower choice for long. A batch size not measured yet takes the
-    decision of its neighbours: one within `_near` rows as is; otherwise speculation that
-    lost at B rows loses at more (and down to B/2 rows where it could not have won at any
-    acceptance, `_hopeless`), and one that won at B wins at fewer. `adaptive=False`
-    always proposes k."""
+    loses again (up to LONGEST times as many; at once where it lost hopelessly on CUDA),
+    so probing costs a small share of a long run and speculation is never the slower
+    choice for long. A batch size not measured yet takes the decision of its neighbours:
+    one within `_near` rows as is; otherwise speculation that lost at B rows loses at more
+    (and down to B/2 rows where it could not have won at any acceptance, `_hopeless`), and
+    one that won at B wins at fewer. `adaptive=False` always proposes k."""
 
     k: int
     adaptive: bool = True
@@ -237,6 +238,15 @@ class Control:
             return settled and steps >= 0 and steps % (2 * PROBE) < PROBE
         m = self._modes.setdefault(b, _Mode())
         first = self._first_gap(b, winner)
+        longest = LONGEST * first
+        if not self.drift and not winner and self._secs(b, True) and self._secs(b, False) \
+                and self._hopeless(b):
+            # Where a step's cost is flat in the rows' contexts (CUDA), a speculation that
+            # lost by more than any acceptance could repay loses the same way at the next
+            # probe: its probes start where a loss's back-off ends (an H200 at B=16, mtp
+            # and model, 10-15 ms a speculative step against 2.2-3.5 plain: each probe
+            # cost a 256-token run 15-30%, every 1000-2000 steps).
+            first = longest
         if not m.probe_at:
             m.probe_at, m.gap, m.winner = n + first, first, winner
         if n < m.probe_at:
@@ -262,7 +272,7 @@ class Control:
         # server's batch of this size last ran over shorter or longer contexts).
         held = winner == m.winner
         if held:  # (after a switch's quick check, the usual gap again; never below
-            m.gap = max(first, min(2 * m.gap, 16 * first))  # what the last probe cost)
+            m.gap = max(first, min(2 * m.gap, longest))  # what the last probe cost)
         else:
             m.gap = WINDOW if self.drift else first
         m.probe_at, m.winner = n + m.gap, winner
