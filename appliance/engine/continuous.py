@@ -229,7 +229,7 @@ class ContinuousScheduler(SoloRow):
     @staticmethod
     def _durable(request, n_tokens: int) -> bool:
         """SSD keeps the first checkpoint (the shared system prompt) and whole turns; the
-        other message ends and the prompt end stay in RAM (each blob is a whole prefix)."""
+        other message ends and the prompt end stay in RAM (worth no disk write of their own)."""
         return bool(request.checkpoints) and n_tokens == min(request.checkpoints)
 
     def _checkpointer(self, request):

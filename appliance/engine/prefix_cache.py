@@ -236,8 +236,9 @@ class PrefixCache:
     def insert(self, tokens: list[int], cache: list, limit: int | None = None,
                live: bool = False, durable: bool = True) -> None:
         """`live`: the cache goes on being filled (a checkpoint mid-prefill): store a
-        snapshot. `durable`: also write it to SSD (each blob holds its whole prefix, so
-        only the entries worth a restart go there). Serializing for the SSD waits for
+        snapshot. `durable`: also write it to SSD (a blob holds what its prefix adds to
+        the stored prefix it extends, or all of it: only the entries worth a restart go
+        there). Serializing for the SSD waits for
         `flush()`, after the step's tokens are out, so it never delays a first token."""
         if live:
             cache = snapshot(cache)

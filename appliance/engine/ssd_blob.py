@@ -37,11 +37,12 @@ def checksums(path: Path, size: int, parallel: bool = True) -> list[int]:
 ROW = 16  # bytes per row of the copy buffer (any dtype views a 16-byte aligned offset)
 
 
-def _frozen(cache: list) -> list:
+def _frozen(cache: list, start: int = 0) -> list:
     """What the writer thread serializes: a copy of each layer's state, made on the engine
     thread as views into one new, evaluated byte buffer (so writing runs no MLX work there
     and never races the live cache). A KVCache's buffer grows 256 slots at a time: only its
-    `offset` filled slots are kept.
+    `offset` filled slots are kept, from slot `start` on (a delta over a stored prefix:
+    only KVCache layers, whose slots are the tokens).
 
     One buffer of its own because of MLX's CUDA backend, where reading a GPU buffer on the
     host first moves it to managed memory with a synchronous copy: once per blob, not once
@@ -52,7 +53,9 @@ def _frozen(cache: list) -> list:
     from mlx.utils import tree_flatten, tree_map
     from mlx_lm.models.cache import KVCache
 
-    states = [(c.keys[..., :c.offset, :], c.values[..., :c.offset, :], c.offset)
+    assert not start or all(type(c) is KVCache for c in cache)
+    states = [(c.keys[..., start:c.offset, :], c.values[..., start:c.offset, :],
+               c.offset - start)
               if type(c) is KVCache and c.keys is not None else c.state for c in cache]
     arrays = [x for _, x in tree_flatten(states) if isinstance(x, mx.array)]
     if not arrays:
