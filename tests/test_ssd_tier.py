@@ -157,6 +157,90 @@ def test_an_entry_whose_base_was_lost_is_not_restored(loaded, tmp_path):
     f.close()
 
 
+def _layers_for(tokens: list[int]) -> list:
+    """Two KVCache layers as a live row holds them (a 256-slot buffer), whose slot i encodes
+    tokens[i]: any chain a hit joins can be checked slot by slot."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    t = mx.array(tokens, dtype=mx.float32)
+    out = []
+    for layer in range(2):
+        c = KVCache()
+        k = mx.broadcast_to(t[None, None, :, None] + layer, (1, 2, len(tokens), 8))
+        c.update_and_fetch(k, -k)
+        mx.eval(c.keys, c.values)
+        out.append(c)
+    return out
+
+
+def _settled(tier) -> None:
+    deadline = time.monotonic() + 30
+    while tier.backlog() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_chains_hold_under_branching_turns_evictions_corruption_and_restarts(tmp_path):
+    """Conversations that branch and grow turn by turn, a byte cap that evicts, blobs
+    corrupted on disk: every entry's base is there, every hit joins its chain into exactly
+    the stored slots or is refused (its blob or a base's is bad), and a restart finds the
+    same entries."""
+    import random
+
+    import numpy as np
+
+    rng, bad = random.Random(0), set()
+    tier = SsdTier(tmp_path, 48_000, FP)
+    for step in range(60):
+        live = [m["tokens"] for m in tier._meta.values()]
+        base = rng.choice(live) if live and rng.random() < 0.8 else []
+        tokens = [*base, *(rng.randrange(1, 4000) for _ in range(rng.randrange(4, 24)))]
+        tier.put(tokens, _layers_for(tokens))
+        _settled(tier)
+        if step % 9 == 8:  # a blob goes bad on disk
+            key = rng.choice(sorted(tier._meta))
+            path = tmp_path / FP / "blobs" / tier._meta[key]["file"]
+            data = bytearray(path.read_bytes())
+            data[-5] ^= 0xFF
+            path.write_bytes(bytes(data))
+            bad.add(key)
+        bad &= set(tier._meta)  # (an evicted bad blob is gone; its prefix may come back)
+        tier.check_integrity()
+    assert tier.evictions and any("parent" in m for m in tier._meta.values())
+
+    def check(t) -> int:
+        served = 0
+        for key, meta in sorted(t._meta.items()):
+            if key not in t._meta:
+                continue  # dropped with a bad base earlier in this loop
+            chain = {k for k, _ in t._chain(key)}
+            got = t.load(meta["tokens"], len(meta["tokens"]))
+            _settled(t)
+            if chain & bad:
+                assert got is None and key not in t._meta
+                continue
+            assert got is not None, key
+            for layer, c in enumerate(got):
+                want = np.array(meta["tokens"], dtype=np.float32) + layer
+                assert c.offset == len(meta["tokens"])
+                assert np.array_equal(np.array(c.keys[0, 1, :, 3]), want)
+                assert np.array_equal(np.array(c.values[0, 0, :, 7]), -want)
+            served += 1
+        t.check_integrity()
+        return served
+
+    child = max(tier._meta, key=lambda k: tier._meta[k].get("depth", 0))
+    base = tier._meta[child]["parent"]  # and a base under the deepest chain goes bad
+    path = tmp_path / FP / "blobs" / tier._meta[base]["file"]
+    path.write_bytes(path.read_bytes()[:-3])
+    bad.add(base)
+    assert check(tier) and tier.dropped and child not in tier._meta
+    tier.close()
+    again = SsdTier(tmp_path, 48_000, FP)  # a restart
+    assert again._meta.keys() == tier._meta.keys() and check(again) == len(again._meta)
+    again.close()
+
+
 @pytest.mark.parametrize("codec", ["k8v4", "turboquant"])
 def test_encoded_prefixes_survive_a_restart_and_equal_a_cold_run(loaded, tmp_path, codec):
     """A quantized scheme's blobs hold its codes (never re-encoded) and load as them."""
