@@ -241,6 +241,35 @@ def test_chains_hold_under_branching_turns_evictions_corruption_and_restarts(tmp
     again.close()
 
 
+def test_a_turn_extends_a_prefix_still_queued_for_the_disk(tmp_path):
+    """Agents arriving together end their first turns before the shared prompt's blob has
+    landed: a turn extends the queued prompt (written first, one queue), and a restart
+    joins the chain; if that base is never written, the turn is not written either."""
+    import numpy as np
+
+    prompt, turn = list(range(1, 41)), list(range(1, 61))
+    tier = SsdTier(tmp_path, 1 << 30, FP)
+    tier.step_started()  # a busy engine: nothing is written yet
+    tier.put(prompt, _layers_for(prompt))
+    tier.put(turn, _layers_for(turn))
+    tier.close()
+    metas = {len(m["tokens"]): m for m in tier._meta.values()}
+    assert metas[60]["parent"] and metas[60]["start"] == 40 and metas[60]["depth"] == 1
+    again = SsdTier(tmp_path, 1 << 30, FP)
+    got = again.load(turn, 60)
+    assert np.array_equal(np.array(got[1].keys[0, 0, :, 0]), np.arange(1, 61) + 1)
+    again.close()
+
+    # a cap the prompt's blob (40 tokens) is over and the turn's delta (20) is not
+    other = SsdTier(tmp_path / "other", metas[40]["nbytes"] - 1, FP)
+    other.step_started()
+    other.put(prompt, _layers_for(prompt))
+    other.put(turn, _layers_for(turn))
+    other.close()
+    assert metas[60]["nbytes"] < metas[40]["nbytes"] and not other._meta
+    assert not list((tmp_path / "other" / FP / "blobs").iterdir())
+
+
 @pytest.mark.parametrize("codec", ["k8v4", "turboquant"])
 def test_encoded_prefixes_survive_a_restart_and_equal_a_cold_run(loaded, tmp_path, codec):
     """A quantized scheme's blobs hold its codes (never re-encoded) and load as them."""

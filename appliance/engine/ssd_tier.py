@@ -92,6 +92,7 @@ class SsdTier:
         self._queue: queue.Queue = queue.Queue()
         self._in_hand = 0  # entries the writer took off the queue and has not finished
         self._pending_bytes = 0  # held by copies queued or in hand, until written
+        self._queued: dict[str, tuple[list[int], int]] = {}  # key -> (tokens, depth), until done
         self._touched: set[str] = set()  # keys used since their index row was written
         self._last_step, self._closing = 0.0, False
         self._clear_wanted = False  # the writer read device buffers (CUDA): see step_started
@@ -231,7 +232,9 @@ class SsdTier:
         key = _key(tokens)
         if key in self._meta:
             return self._touch(key)
-        parent, start = self._base(tokens, cache)
+        if key in self._queued:
+            return
+        parent, start, depth = self._base(tokens, cache)
         nbytes = sum(c.nbytes for c in cache) * (len(tokens) - start) // len(tokens)
         if (self._queue.qsize() >= MAX_PENDING  # the disk is slower than the traffic
                 or (room is not None and self.pending_bytes + nbytes > room)):
@@ -247,22 +250,30 @@ class SsdTier:
             return
         with self._lock:
             self._pending_bytes += nbytes
+        self._queued[key] = (list(tokens), depth)
         self._queue.put(("put", key, list(tokens), frozen, time.monotonic(), nbytes, parent))
 
-    def _base(self, tokens: list[int], cache: list) -> tuple[str | None, int]:
-        """The stored entry this one extends, and its length: the longest stored prefix,
-        where every layer is a KVCache (its slots are the tokens) and the chain stays short.
-        (None, 0): write the entry whole."""
+    def _base(self, tokens: list[int], cache: list) -> tuple[str | None, int, int]:
+        """The entry this one extends, its length, and this one's depth in the chain: the
+        longest prefix stored or queued (a queued one is written first: one queue), where
+        every layer is a KVCache (its slots are the tokens) and the chain stays short.
+        (None, 0, 0): write the entry whole. (A turn that ends before the shared system
+        prompt's blob has landed extends the queued prompt: on CPU, agents arriving
+        together wrote half their bytes as whole first turns without it.)"""
         from mlx_lm.models.cache import KVCache
 
         if not all(type(c) is KVCache and c.keys is not None for c in cache):
-            return None, 0
+            return None, 0, 0
         with self._lock:
             m = self._trie.longest(tokens[:-1])
             meta = self._meta.get(_key(tokens[:m])) if m else None
-        if meta is None or meta.get("depth", 0) + 1 >= MAX_CHAIN:
-            return None, 0
-        return _key(tokens[:m]), m
+        depth = meta.get("depth", 0) if meta else -1
+        for toks, d in list(self._queued.values()):
+            if m < len(toks) < len(tokens) and tokens[:len(toks)] == toks:
+                m, depth = len(toks), d
+        if depth < 0 or depth + 1 >= MAX_CHAIN:
+            return None, 0, 0
+        return _key(tokens[:m]), m, depth + 1
 
     def close(self) -> None:
         """Finish pending writes (graceful shutdown), then stop the writer."""
@@ -308,6 +319,7 @@ class SsdTier:
             finally:
                 self._in_hand = 0
                 if item[0] == "put":
+                    self._queued.pop(item[1], None)
                     with self._lock:
                         self._pending_bytes -= item[5]
             if item[0] == "stop":
