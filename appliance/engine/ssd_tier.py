@@ -258,8 +258,8 @@ class SsdTier:
         longest prefix stored or queued (a queued one is written first: one queue), where
         every layer is a KVCache (its slots are the tokens) and the chain stays short.
         (None, 0, 0): write the entry whole. (A turn that ends before the shared system
-        prompt's blob has landed extends the queued prompt: on CPU, agents arriving
-        together wrote half their bytes as whole first turns without it.)"""
+        prompt's blob has landed extends the queued prompt: an agents run on CPU wrote
+        156-162 MB with this, 178-200 MB without.)"""
         from mlx_lm.models.cache import KVCache
 
         if not all(type(c) is KVCache and c.keys is not None for c in cache):
