@@ -238,8 +238,8 @@ class PrefixCache:
         """`live`: the cache goes on being filled (a checkpoint mid-prefill): store a
         snapshot. `durable`: also write it to SSD (a blob holds what its prefix adds to
         the stored prefix it extends, or all of it: only the entries worth a restart go
-        there). Serializing for the SSD waits for
-        `flush()`, after the step's tokens are out, so it never delays a first token."""
+        there). Serializing for the SSD waits for `flush()`, after the step's tokens are
+        out, so it never delays a first token."""
         if live:
             cache = snapshot(cache)
         materialize(cache)

@@ -246,7 +246,7 @@ class BatchStep:
         # which rows finished, or the next: the finished rows' KV is copied out in it (and
         # a prefix cache stores it before the next), work that either mode pays alike (an
         # H200, B=16: the plain steps as a bench's rows finished took 6-8 ms against 3.5,
-        # and a speculation that lost by 2x looked the faster, 26th session).
+        # and a speculation that lost by 1.7x looked the faster, 26th session).
         now = time.perf_counter()
         self._same = self._same + 1 if rows == len(d) == self._rows_were else 0
         self._rows_were = len(d)
