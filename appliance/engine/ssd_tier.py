@@ -66,7 +66,9 @@ def _key(tokens) -> str:
 
 
 def _joined(parts: list[list]) -> list:
-    """One cache from a chain's blobs, the root first: each layer's slots in order."""
+    """One cache from a chain's blobs, the root first: each layer's slots in order. Layer
+    by layer, each layer's parts let go once it is joined: the copy held beside the parts
+    is one layer's, not the whole prefix's."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
@@ -74,8 +76,10 @@ def _joined(parts: list[list]) -> list:
     for layers in zip(*parts, strict=True):
         keys = mx.concatenate([c.keys for c in layers], axis=2)
         values = mx.concatenate([c.values for c in layers], axis=2)
+        mx.eval(keys, values)
+        for c in layers:
+            c.keys = c.values = None
         out.append(KVCache.from_state((keys, values, keys.shape[2])))
-    mx.eval([c.state for c in out])
     return out
 
 
