@@ -41,7 +41,14 @@ from pathlib import Path
 
 from appliance.engine import threads
 from appliance.engine.prefix_cache import TokenTrie
-from appliance.engine.ssd_blob import _POOL, _frozen, _tensors, checksums, write_safetensors
+from appliance.engine.ssd_blob import (
+    _POOL,
+    _frozen,
+    _joined,
+    _tensors,
+    checksums,
+    write_safetensors,
+)
 
 log = logging.getLogger(__name__)
 MAX_PENDING = 8  # queued writes; beyond this new entries are skipped (their copies hold memory)
@@ -63,24 +70,6 @@ def _key(tokens) -> str:
     import array
 
     return hashlib.sha256(array.array("i", tokens).tobytes()).hexdigest()
-
-
-def _joined(parts: list[list]) -> list:
-    """One cache from a chain's blobs, the root first: each layer's slots in order. Layer
-    by layer, each layer's parts let go once it is joined: the copy held beside the parts
-    is one layer's, not the whole prefix's."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    out = []
-    for layers in zip(*parts, strict=True):
-        keys = mx.concatenate([c.keys for c in layers], axis=2)
-        values = mx.concatenate([c.values for c in layers], axis=2)
-        mx.eval(keys, values)
-        for c in layers:
-            c.keys = c.values = None
-        out.append(KVCache.from_state((keys, values, keys.shape[2])))
-    return out
 
 
 class SsdTier:

@@ -237,22 +237,14 @@ class Control:
             steps = self._streak[1] - EXPLORE_AFTER
             return settled and steps >= 0 and steps % (2 * PROBE) < PROBE
         m = self._modes.setdefault(b, _Mode())
-        first = self._first_gap(b, winner)
-        longest = LONGEST * first
-        if not self.drift and not winner and self._secs(b, True) and self._secs(b, False) \
-                and self._hopeless(b):
-            # Where a step's cost is flat in the rows' contexts (CUDA), a speculation that
-            # lost by more than any acceptance could repay loses the same way at the next
-            # probe: its probes start where a loss's back-off ends (an H200 at B=16, mtp
-            # and model, 10-15 ms a speculative step against 2.2-3.5 plain: each probe
-            # cost a 256-token run 15-30%, every 1000-2000 steps).
-            first = longest
         if not m.probe_at:
+            first, _ = self._gaps(b, winner)
             m.probe_at, m.gap, m.winner = n + first, first, winner
         if n < m.probe_at:
             if winner == m.winner:
                 return winner
             if not self.drift:  # the running mode fell below the other's last rate
+                first, _ = self._gaps(b, winner)
                 m.winner, m.gap, m.probe_at = winner, first, n + first
                 return winner
             # The running mode fell below the other's last rate. That rate is as old as
@@ -271,6 +263,7 @@ class Control:
         # soon, when both modes' times are fresh (the one it leaves may be old too: a
         # server's batch of this size last ran over shorter or longer contexts).
         held = winner == m.winner
+        first, longest = self._gaps(b, winner)
         if held:  # (after a switch's quick check, the usual gap again; never below
             m.gap = max(first, min(2 * m.gap, longest))  # what the last probe cost)
         else:
@@ -310,6 +303,21 @@ class Control:
             return
         self._idle_gap[b] = self._idle[b] = min(self.idle_max,
                                                 max(1, 2 * self._idle_gap.get(b, 0)))
+
+    def _gaps(self, b: int, winner: bool) -> tuple[int, int]:
+        """The gap before the slower mode's next probe, and the most it may grow to
+        (`LONGEST` times the first). Only where a decision is made, not every step."""
+        first = self._first_gap(b, winner)
+        longest = LONGEST * first
+        if not self.drift and not winner and self._secs(b, True) and self._secs(b, False) \
+                and self._hopeless(b):
+            # Where a step's cost is flat in the rows' contexts (CUDA), a speculation that
+            # lost by more than any acceptance could repay loses the same way at the next
+            # probe: its probes start where a loss's back-off ends (an H200 at B=16, mtp
+            # and model, 10-15 ms a speculative step against 2.2-3.5 plain: each probe
+            # cost a 256-token run 15-30%, every 1000-2000 steps).
+            first = longest
+        return first, longest
 
     def _first_gap(self, b: int, winner: bool) -> int:
         """Steps before the slower mode is probed: `explore_every` when speculation wins;
