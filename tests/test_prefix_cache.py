@@ -16,6 +16,8 @@ from appliance.engine.prefix_cache import PrefixCache, RamTier, TokenTrie
 class Blob:
     """Stands in for one layer's cache in the bookkeeping tests: only nbytes matters."""
 
+    state = ()
+
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
 
@@ -134,16 +136,23 @@ def test_agents_arriving_together_prefill_their_shared_prefix_once(loaded):
 
 
 def test_next_turn_hits_the_whole_previous_turn(loaded):
-    _, model, tok = loaded
+    name, model, tok = loaded
     s = _sched(model, tok)
     first = Collector(_requests(tok)["x"])
     drive(s, [(0, "insert", "a")], {"a": first})
     turn = list(first.request.prompt) + first.tokens  # the conversation so far
     nxt = GenerationRequest(turn + oracle.batch_prompts(tok)["d"][:10], 8)
+    ram = s.prefix.ram
+    hit = ram._trie.longest(nxt.prompt[:-1])
+    # with full attention the turn holds only its own slots over the prompt's checkpoints,
+    # not a copy of them: the hit joins the chain (window and recurrent layers: whole)
+    assert (ram._lru[tuple(nxt.prompt[:hit])].parent is not None) == (name == "tiny")
     second = Collector(nxt)
     drive(s, [(0, "insert", "b")], {"b": second})
-    assert second.finished.cached_tokens >= len(turn) - 1
+    assert second.finished.cached_tokens == hit >= len(turn) - 1
     assert second.tokens == _cold(model, tok, nxt)
+    assert (ram.stats.deltas >= 2) == (name == "tiny")
+    ram.check_integrity()
 
 
 def test_the_cache_yields_memory_to_live_rows(loaded):
@@ -248,7 +257,7 @@ def test_a_lone_rows_pass_runs_past_its_checkpoints(loaded, monkeypatch):
         assert own == [[32], [8], [10], [9]]
         return
     assert own == [[32], [27]]  # checkpoints at 40 and 50, the prompt's end less one at 59
-    stored = {len(k): e.cache for k, e in s.prefix.ram._lru.items()
+    stored = {len(k): s.prefix.ram.cache_at(k) for k in s.prefix.ram._lru
               if list(k) == req.prompt[:len(k)]}
     assert {40, 50, 59} <= set(stored)
     whole = stored[59]
@@ -307,3 +316,81 @@ def test_a_lone_rows_pass_on_the_cuda_grid_is_token_exact(loaded, monkeypatch):
     assert rows["hit"].finished.cached_tokens == 50  # r's checkpoint at 50
     # the hit's tail from 48 on the grid: 2 fed again + 12 new (full attention only)
     assert ((48, 14) in fed) == (name == "tiny") and (bool(fed) == (name == "tiny"))
+
+
+def _kv(tokens, layers=2, bump=None):
+    """A row cache whose slot i is a function of tokens[:i + 1] (as a model's KV is); `bump`:
+    a slot whose value is off in the last bits (a prefix computed beside a stored one)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import KVCache
+
+    h, slots = 0, []
+    for t in tokens:
+        h = (h * 31 + t + 1) % 1009
+        slots.append(h)
+    base = np.array(slots, np.float32).reshape(1, 1, -1, 1) * np.ones((1, 2, 1, 3), np.float32)
+    if bump is not None:
+        base[0, 0, bump, 0] = np.nextafter(base[0, 0, bump, 0], np.float32(1e9))
+    out = []
+    for layer in range(layers):
+        c = KVCache()
+        room = np.zeros((1, 2, len(tokens) + 5, 3), np.float32)  # a buffer with spare slots
+        room[..., :len(tokens), :] = base + layer
+        c.state = (mx.array(room), mx.array(-room), len(tokens))
+        out.append(c)
+    return out
+
+
+def test_entries_that_extend_stored_ones_hold_only_their_new_slots():
+    """Random branching conversations into a tier with a tight cap: an entry over a stored
+    prefix holds only its new slots, and only over a prefix whose KV is its own bit for bit
+    (one differing in a bit is stored whole); every stored key's joined cache is exactly
+    what was inserted for it; eviction takes leaves only; the tier stays consistent."""
+    import random
+
+    import mlx.core as mx
+
+    rng = random.Random(0)
+    tier = RamTier(cap_bytes=40_000)
+    inserted: dict[tuple, list] = {}
+    convs = [[rng.randrange(50) for _ in range(12)]]  # a shared system prompt
+    deltas = differing = 0
+    for step in range(300):
+        base = rng.choice([c for c in convs if len(c) < 48])
+        toks = list(base) + [rng.randrange(50) for _ in range(rng.randrange(1, 9))]
+        if rng.random() < 0.5:
+            convs.append(toks)
+        bump = rng.randrange(len(toks)) if rng.random() < 0.15 else None
+        cache = _kv(toks, bump=bump)
+        key, stored_under, before = tuple(toks), tier._trie.longest(toks[:-1]), tier.stats.deltas
+        new = key not in tier._lru  # (a key already stored keeps its entry)
+        if new:
+            inserted[key] = [(c.keys[..., :len(toks), :], c.values[..., :len(toks), :])
+                             for c in _kv(toks, bump=bump)]
+        tier.insert(toks, cache)
+        tier.check_integrity()
+        if tier.stats.deltas == before + 1:
+            deltas += 1
+            e = tier._lru[key]
+            p = len(e.parent)
+            assert e.cache[0].keys.shape[2] == len(toks) - p
+            # shared only where the parent holds exactly this entry's own first slots
+            for (pk, pv), (k, v) in zip(inserted[e.parent], inserted[key], strict=True):
+                assert mx.array_equal(pk, k[..., :p, :]).item()
+                assert mx.array_equal(pv, v[..., :p, :]).item()
+        elif new and key in tier._lru and bump is not None and bump < stored_under:
+            differing += 1  # its first slots differ from the stored prefix's: whole
+        for key in rng.sample(list(tier._lru), min(3, len(tier._lru))):
+            got = tier.cache_at(key)
+            assert all(g.offset == len(key) for g in got)
+            for g, (k, v) in zip(got, inserted[key], strict=True):
+                n = len(key)  # (a whole entry keeps its buffer's spare slots)
+                assert mx.array_equal(g.keys[..., :n, :], k).item()
+                assert mx.array_equal(g.values[..., :n, :], v).item()
+        if step % 7 == 0:
+            n, hit = tier.lookup(toks + [0])
+            assert n == len(toks) or tuple(toks) not in tier._lru
+    assert deltas > 50 and differing > 5 and tier.stats.evictions > 50
+    tier.trim(0)
+    assert len(tier) == 0 and tier.nbytes == 0 and tier._trie.empty()

@@ -3,8 +3,13 @@
 Entries are per-layer cache objects (KVCache, RotatingKVCache, ArraysCache)
 taken *exactly* at a token boundary (a checkpoint), so they are never
 trimmed: that is what makes sliding-window and recurrent layers reusable.
-A hit hands out a deep copy (the batch mutates what it is given) and
+A hit hands out a private copy (the batch mutates what it is given) and
 refreshes the entry's recency. Only the engine thread touches it.
+
+An entry that extends a stored one holds only its new tokens' KV, over that one (its
+parent), when every layer is a KVCache (whose slots are the tokens) and the parent's KV is
+bit for bit the new entry's own first slots: a conversation's checkpoints and turns then
+share the system prompt's KV instead of each holding a copy. A hit joins the chain.
 """
 
 from __future__ import annotations
@@ -135,13 +140,26 @@ class TierStats:
     hit_tokens: int = 0
     inserts: int = 0
     evictions: int = 0
+    deltas: int = 0  # inserts stored as the slots after a stored entry
+
+
+MAX_CHAIN = 32  # a hit joins at most this many parts (the root and its deltas)
 
 
 @dataclass
 class _Entry:
     tokens: tuple[int, ...]
-    cache: list
+    cache: list  # whole, or (with a parent) only the slots after the parent's tokens
     nbytes: int
+    parent: tuple[int, ...] | None = None
+    depth: int = 0  # parts before this one in its chain
+    children: int = 0  # entries stored over this one
+
+
+def _kv_only(cache: list) -> bool:
+    from mlx_lm.models.cache import KVCache
+
+    return all(type(c) is KVCache and c.keys is not None for c in cache)
 
 
 @dataclass
@@ -165,27 +183,105 @@ class RamTier:
             self.stats.misses += 1
             return 0, None
         key = tuple(tokens[:best])
-        self._lru.move_to_end(key)  # a hit refreshes recency
+        self._refresh(key)  # a hit refreshes recency
         self.stats.hits += 1
         self.stats.hit_tokens += best
-        return best, copy.deepcopy(self._lru[key].cache)
+        return best, self.cache_at(key)
+
+    def cache_at(self, key: tuple[int, ...]) -> list:
+        """A private copy of the stored cache of `key`, its chain joined (no hit counted)."""
+        chain = self._chain(key)
+        if len(chain) == 1:
+            return copy.deepcopy(chain[0].cache)
+        import mlx.core as mx
+        from mlx_lm.models.cache import KVCache
+
+        ends = [len(e.tokens) for e in chain]
+        starts = [0, *ends[:-1]]
+        out = []
+        for layers in zip(*(e.cache for e in chain), strict=True):
+            parts = [(c.keys[..., :b - a, :], c.values[..., :b - a, :])
+                     for c, a, b in zip(layers, starts, ends, strict=True)]
+            keys = mx.concatenate([k for k, _ in parts], axis=2)
+            values = mx.concatenate([v for _, v in parts], axis=2)
+            out.append(KVCache.from_state((keys, values, ends[-1])))
+        return out
 
     def insert(self, tokens: list[int], cache: list, limit: int | None = None) -> None:
-        """Store a checkpoint of `tokens` (replacing an equal one), then evict to fit."""
+        """Store a checkpoint of `tokens` (one already stored is only refreshed: entries
+        may be built on it), then evict to fit."""
         key = tuple(tokens)
         if not key:
             return
+        if key in self._lru:
+            return self._refresh(key)
+        parent = self._parent(key, cache)
+        if parent is None:
+            materialize(cache)
+        else:
+            parent, cache = parent
         nbytes = sum(c.nbytes for c in cache)
         budget = self.cap_bytes if limit is None else min(self.cap_bytes, limit)
         if nbytes > budget:
             return  # would evict everything and still not fit
-        if key in self._lru:
-            self._remove(key)
+        depth = 0
+        if parent is not None:
+            above = self._lru[parent]
+            above.children += 1
+            depth = above.depth + 1
+            self.stats.deltas += 1
         self._trie.add(key)
-        self._lru[key] = _Entry(key, cache, nbytes)
+        self._lru[key] = _Entry(key, cache, nbytes, parent, depth)
+        self._refresh(key)
         self.nbytes += nbytes
         self.stats.inserts += 1
         self.trim(budget)
+
+    def _parent(self, key: tuple[int, ...], cache: list) -> tuple[tuple, list] | None:
+        """(the stored entry `key` extends, a copy of the slots after it) when the new
+        entry may be stored as a delta over it, else None (store it whole)."""
+        if not _kv_only(cache) or any(c.offset != len(key) for c in cache):
+            return None
+        m = self._trie.longest(key[:-1])
+        if not m:
+            return None
+        chain = self._chain(key[:m])
+        if len(chain) >= MAX_CHAIN or not _kv_only(chain[0].cache) \
+                or len(chain[0].cache) != len(cache):
+            return None
+        import mlx.core as mx
+
+        # The parent's KV must be the new entry's own first m slots, bit for bit: so it is
+        # when the row was built on that entry (a hit, or its own earlier checkpoint), but
+        # a row that computed the same prefix beside it may differ in the last bits.
+        same, a = [], 0
+        for e in chain:
+            b = len(e.tokens)
+            for mine, theirs in zip(cache, e.cache, strict=True):
+                same += [mx.array_equal(mine.keys[..., a:b, :], theirs.keys[..., :b - a, :]),
+                         mx.array_equal(mine.values[..., a:b, :], theirs.values[..., :b - a, :])]
+            a = b
+        from mlx_lm.models.cache import KVCache
+
+        delta = [KVCache.from_state((mx.contiguous(c.keys[..., m:c.offset, :]),
+                                     mx.contiguous(c.values[..., m:c.offset, :]),
+                                     c.offset - m)) for c in cache]
+        same = mx.all(mx.stack(same))
+        mx.eval(same, [(c.keys, c.values) for c in delta])
+        return (key[:m], delta) if same.item() else None
+
+    def _chain(self, key: tuple[int, ...]) -> list[_Entry]:
+        """The entry of `key` and those it is built on, the root first."""
+        chain = [self._lru[key]]
+        while chain[-1].parent is not None:
+            chain.append(self._lru[chain[-1].parent])
+        return chain[::-1]
+
+    def _refresh(self, key: tuple[int, ...]) -> None:
+        """Most recently used: the entry, then what it is built on, so an entry is always
+        more recent than those built on it and eviction (the oldest first) takes leaves."""
+        for e in reversed(self._chain(key)):
+            self._lru.move_to_end(e.tokens)
 
     def trim(self, limit: int) -> None:
         """Evict least recently used entries until at most `limit` bytes are held."""
@@ -195,6 +291,9 @@ class RamTier:
 
     def _remove(self, key: tuple[int, ...]) -> None:
         entry = self._lru.pop(key)
+        assert not entry.children, "an entry others are built on outlived by them"
+        if entry.parent is not None:
+            self._lru[entry.parent].children -= 1
         self.nbytes -= entry.nbytes
         self._trie.remove(key)
 
@@ -202,6 +301,15 @@ class RamTier:
         assert self.nbytes == sum(e.nbytes for e in self._lru.values())
         assert self.nbytes <= self.cap_bytes
         assert len(self._trie) == len(self._lru)
+        order = {k: i for i, k in enumerate(self._lru)}
+        for e in self._lru.values():
+            built = [c for c in self._lru.values() if c.parent == e.tokens]
+            assert e.children == len(built)
+            assert all(order[c.tokens] < order[e.tokens] for c in built)  # older than it
+            if e.parent is not None:
+                p = self._lru[e.parent]
+                assert e.tokens[:len(p.tokens)] == p.tokens and e.depth == p.depth + 1
+                assert e.depth < MAX_CHAIN
 
 
 class PrefixCache:
@@ -242,8 +350,8 @@ class PrefixCache:
         out, so it never delays a first token."""
         if live:
             cache = snapshot(cache)
-        materialize(cache)
         if self.ssd is not None and durable:
+            materialize(cache)
             self._to_disk.append((list(tokens), cache))
         if self.ram is not None:
             self.ram.insert(tokens, cache, limit)
