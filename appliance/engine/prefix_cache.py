@@ -15,7 +15,7 @@ share the system prompt's KV instead of each holding a copy. A hit joins the cha
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 
@@ -302,14 +302,13 @@ class RamTier:
         assert self.nbytes <= self.cap_bytes
         assert len(self._trie) == len(self._lru)
         order = {k: i for i, k in enumerate(self._lru)}
+        built = Counter(e.parent for e in self._lru.values() if e.parent is not None)
         for e in self._lru.values():
-            built = [c for c in self._lru.values() if c.parent == e.tokens]
-            assert e.children == len(built)
-            assert all(order[c.tokens] < order[e.tokens] for c in built)  # older than it
-            if e.parent is not None:
+            assert e.children == built[e.tokens]
+            if e.parent is not None:  # its parent: present, a prefix, and more recent
                 p = self._lru[e.parent]
-                assert e.tokens[:len(p.tokens)] == p.tokens and e.depth == p.depth + 1
-                assert e.depth < MAX_CHAIN
+                assert e.tokens[:len(p.tokens)] == p.tokens and order[p.tokens] > order[e.tokens]
+                assert e.depth == p.depth + 1 < MAX_CHAIN
 
 
 class PrefixCache:
