@@ -1050,7 +1050,7 @@ def test_a_step_is_timed_only_after_a_step_of_its_own_kind(loaded):
     ctl = Scripted_(4, adaptive=False)
     orig = ctl.speculate
     ctl.speculate = lambda rows, settled=True: decided.append(orig(rows)) or decided[-1]
-    ctl.timed = lambda rows, spec, secs, tokens: timed.append((decided[-2:], spec))
+    ctl.timed = lambda rows, spec, secs, tokens, live: timed.append((decided[-2:], spec))
     run(model, tok, "static-2",
         draft=(Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), ctl))
     assert {spec for _, spec in timed} == {True, False}  # both kinds were measured
@@ -1075,7 +1075,7 @@ def test_a_step_is_timed_only_once_the_batch_size_has_settled(loaded):
     orig = ctl.speculate
     ctl.speculate = lambda rows, settled=True: seen.append(
         (rows, settled, orig(rows, settled))) or seen[-1][2]
-    ctl.timed = lambda rows, spec, secs, tokens: timed.append(len(seen))
+    ctl.timed = lambda rows, spec, secs, tokens, live: timed.append(len(seen))
     charged = []  # every step after a quiet interval is charged (`Control.spent`), timed or not
     spent = ctl.spent
     ctl.spent = lambda rows, spec, secs: charged.append((len(seen), spec)) or spent(rows, spec,
@@ -1110,7 +1110,7 @@ def test_a_step_in_which_rows_finished_is_not_timed(loaded, monkeypatch):
     ctl = Control(4, adaptive=False)
     orig = ctl.speculate
     ctl.speculate = lambda rows, settled=True: seen.__setitem__(0, seen[0] + 1) or orig(rows)
-    ctl.timed = lambda rows, spec, secs, tokens: timed.append(seen[0])
+    ctl.timed = lambda rows, spec, secs, tokens, live: timed.append(seen[0])
     ctl.forget = lambda uid: ended.add(seen[0])
     spec, _ = run(model, tok, "static-4",
                   draft=(Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), ctl))
@@ -1118,6 +1118,36 @@ def test_a_step_in_which_rows_finished_is_not_timed(loaded, monkeypatch):
     assert not ended & set(timed) and not {n + 1 for n in ended} & set(timed), (ended, timed)
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, r
+
+
+def test_a_speculative_steps_yield_is_per_live_row(loaded, monkeypatch):
+    """Rows held in the batch after they finished (CUDA's policy) emit nothing: a step's
+    tokens are the live rows', divided by the live rows. Before, a held row's discarded
+    token counted too, over every row: 4 live rows at 2.5 among 16 read 1.4."""
+    from appliance.engine import step
+
+    name, model, tok = loaded
+    if name != oracle.BATCH_MODELS[0]:
+        pytest.skip("the step's bookkeeping, not the model, is under test")
+    monkeypatch.setattr(step, "HOLD", True)
+    plain, _ = run(model, tok, "static-4")
+    calls = []
+    ctl = Control(4, adaptive=False)
+    orig = ctl.timed
+    ctl.timed = lambda rows, spec, secs, tokens, live: (calls.append((rows, spec, tokens, live)),
+                                                         orig(rows, spec, secs, tokens, live))
+    spec, s = run(model, tok, "static-4",
+                  draft=(Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}), ctl))
+    held = [c for c in calls if c[3] < c[0]]
+    assert any(sp for _, sp, _, _ in held), calls  # speculative steps timed while finished
+    # rows were held
+    assert all(tokens == live for _, sp, tokens, live in calls if not sp)  # one a live row
+    assert all(live < tokens <= live * 5 for _, sp, tokens, live in held if sp), held
+    for r in plain:
+        assert spec[r].tokens == plain[r].tokens, r
+    c = Control(4)
+    c.timed(16, True, 0.01, 10, live=4)
+    assert c._gain[16] == 2.5  # 10 tokens over 4 live rows, not over the 16 in the batch
 
 
 @pytest.mark.parametrize("schedule", ["static-4", "dynamic"])

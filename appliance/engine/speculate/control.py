@@ -347,17 +347,23 @@ class Control:
             self._spent[b], self._plain_since[b] = [], False
         self._spent[b].append(seconds)
 
-    def timed(self, rows: int, spec: bool, seconds: float, tokens: int) -> None:
-        """One step's time and the tokens it emitted. The yield of speculative steps is
-        smoothed (0.15 per step), since acceptance varies from step to step far more than
-        the time a step takes."""
+    def timed(self, rows: int, spec: bool, seconds: float, tokens: int,
+              live: int | None = None) -> None:
+        """One step's time and the tokens its `live` rows emitted (of the `rows` the step
+        ran: finished rows held in the batch emit nothing), so a speculative step's yield is
+        per live row, against a plain step's one token per live row. Before, held rows' own
+        (discarded) tokens counted, one a step each, over every row: in a batch's tail, 4
+        live rows at 2.5 tokens among 16 read 1.4, so speculation looked worse than it was
+        just where the slowest rows decide when the batch ends. The yield is smoothed (0.15
+        per step), since acceptance varies from step to step far more than a step's time."""
         if seconds <= 0:
             return
         b = rows if self.drift else _bucket(rows)
         self._times.setdefault((b, spec), deque(maxlen=WINDOW)).append(seconds)
         if spec:
+            per = tokens / max(1, live if live is not None else rows)
             old = self._gain.get(b)
-            self._gain[b] = tokens / rows if old is None else 0.85 * old + 0.15 * tokens / rows
+            self._gain[b] = per if old is None else 0.85 * old + 0.15 * per
 
     def forget(self, uid: int) -> None:
         self._rows.pop(uid, None)
