@@ -15,6 +15,8 @@ timeout 400 python3 -m pytest -q -p no:cacheprovider -n 0 tests/test_prefix_cach
 #    (1.44x, 1.75x); with deltas it should hold every turn (hit ratio 0.79-0.82 -> ~0.84).
 RUNS="8b:1 8b:2 8b:3 1b:1" bash devrun/d2.sh
 # 3. Issue 12 item 9: lookup at B=16 read paired 0.90-0.91 at 6e8151e while its all-rows
-#    phase was ~1.2x draft=none's: trace where the runs lose (the tail, as rows finish?).
+#    phase was ~1.2x draft=none's: trace where the runs lose (the tail, as rows finish?),
+#    at c0d2920 (the control's yield per live row), then bench it: bash devrun/t4.sh lookup
 timeout 250 python3 devrun/steptrace.py lookup 16 256 15 edit 2>&1 | grep -v Warning > $OUT/trace-lookup-edit.txt
 tail -30 $OUT/trace-lookup-edit.txt | cut -c1-400
+bash devrun/t4.sh lookup
