@@ -1,5 +1,5 @@
 # For the next session (not run: this session's device budget was spent). Copy d2.sh and
-# t4.sh beside this to devrun/, plus docs/bench-results/2026-12-03-h200-26th/scripts/steptrace.py.
+# t4.sh beside this to devrun/, and steptrace.py (it now also prints each run's steps to the first finish and its tail).
 # The device's extra wheels must hold httptools and uvloop (pyproject.toml requires them; without
 # them the server exits at start, which failed test_a_signal_stops_the_server_gracefully and
 # the first agents runs this session):
