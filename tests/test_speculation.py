@@ -1141,7 +1141,6 @@ def test_a_speculative_steps_yield_is_per_live_row(loaded, monkeypatch):
     held = [c for c in calls if c[3] < c[0]]
     assert any(sp for _, sp, _, _ in held), calls  # speculative steps timed while finished
     # rows were held
-    assert all(tokens == live for _, sp, tokens, live in calls if not sp)  # one a live row
     assert all(live < tokens <= live * 5 for _, sp, tokens, live in held if sp), held
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, r
