@@ -206,8 +206,6 @@ class BatchStep:
             toks, logprobs = d.step(self.model, self._compiled)
             self._observe(d.uids, [[t] for t in toks], step=True)
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
-        live = [i for i, uid in enumerate(d.uids) if uid is not None]  # (held rows: None)
-        tokens = sum(len(emitted[i][0]) for i in live)
         keep, events, done = [], [], []
         for i, uid in enumerate(d.uids):
             if uid is None:
@@ -258,7 +256,10 @@ class BatchStep:
             kind = None if self._asked else spec
             if self._quiet and self._last_end and kind is not None and kind == self._before \
                     and self._same >= SETTLE and not done and not self._ended:
-                self.control.timed(rows, spec, now - self._last_end, tokens, len(live))
+                # (no row finished in it, so d.uids are still this step's; held rows: None)
+                live = [i for i, uid in enumerate(d.uids) if uid is not None]
+                self.control.timed(rows, spec, now - self._last_end,
+                                   sum(len(emitted[i][0]) for i in live), len(live))
             self._before = kind
         self._last_end, self._ended = now, bool(done)
         return events
