@@ -156,6 +156,26 @@ class _Entry:
     children: int = 0  # entries stored over this one
 
 
+def joined(parts: list[list], release: bool = False) -> list:
+    """One cache from a chain's parts (each a list of KVCache layers), the root first: each
+    layer's filled slots in order. `release`: evaluate layer by layer and let each layer's
+    parts go once joined, so the copy held beside the parts is one layer's, not the whole
+    prefix's (the SSD tier's blobs, read for this one join)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    out = []
+    for layers in zip(*parts, strict=True):
+        keys = mx.concatenate([c.keys[..., :c.offset, :] for c in layers], axis=2)
+        values = mx.concatenate([c.values[..., :c.offset, :] for c in layers], axis=2)
+        if release:
+            mx.eval(keys, values)
+            for c in layers:
+                c.keys = c.values = None
+        out.append(KVCache.from_state((keys, values, keys.shape[2])))
+    return out
+
+
 def _kv_only(cache: list) -> bool:
     from mlx_lm.models.cache import KVCache
 
@@ -193,19 +213,7 @@ class RamTier:
         chain = self._chain(key)
         if len(chain) == 1:
             return copy.deepcopy(chain[0].cache)
-        import mlx.core as mx
-        from mlx_lm.models.cache import KVCache
-
-        ends = [len(e.tokens) for e in chain]
-        starts = [0, *ends[:-1]]
-        out = []
-        for layers in zip(*(e.cache for e in chain), strict=True):
-            parts = [(c.keys[..., :b - a, :], c.values[..., :b - a, :])
-                     for c, a, b in zip(layers, starts, ends, strict=True)]
-            keys = mx.concatenate([k for k, _ in parts], axis=2)
-            values = mx.concatenate([v for _, v in parts], axis=2)
-            out.append(KVCache.from_state((keys, values, ends[-1])))
-        return out
+        return joined([e.cache for e in chain])
 
     def insert(self, tokens: list[int], cache: list, limit: int | None = None) -> None:
         """Store a checkpoint of `tokens` (one already stored is only refreshed: entries
@@ -246,8 +254,10 @@ class RamTier:
         if not m:
             return None
         chain = self._chain(key[:m])
-        if len(chain) >= MAX_CHAIN or not _kv_only(chain[0].cache) \
-                or len(chain[0].cache) != len(cache):
+        root = chain[0]
+        if len(chain) >= MAX_CHAIN or not _kv_only(root.cache) \
+                or len(root.cache) != len(cache) \
+                or any(c.offset != len(root.tokens) for c in root.cache):
             return None
         import mlx.core as mx
 

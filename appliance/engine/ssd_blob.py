@@ -1,5 +1,6 @@
 """The SSD tier's blobs: the private copy an entry is written from, its safetensors
-bytes, the crc32 of each chunk, and a chain of delta blobs joined back into one cache.
+bytes, and the crc32 of each chunk (a chain of delta blobs is joined by
+`prefix_cache.joined`).
 
 The engine thread makes the copy (`_frozen`) and the tensors (`_tensors`: mlx-lm's
 `save_prompt_cache` names and encoding, so `kv.load_blob` reads a blob back); the writer
@@ -76,24 +77,6 @@ def _frozen(cache: list, start: int = 0) -> list:
     states = tree_map(lambda x: next(views) if isinstance(x, mx.array) else x, states)
     mx.eval([x for _, x in tree_flatten(states) if isinstance(x, mx.array)])
     return [type(c).from_state(s) for c, s in zip(cache, states, strict=True)]
-
-
-def _joined(parts: list[list]) -> list:
-    """One cache from a chain's blobs, the root first: each layer's slots in order. Layer
-    by layer, each layer's parts let go once it is joined: the copy held beside the parts
-    is one layer's, not the whole prefix's."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    out = []
-    for layers in zip(*parts, strict=True):
-        keys = mx.concatenate([c.keys for c in layers], axis=2)
-        values = mx.concatenate([c.values for c in layers], axis=2)
-        mx.eval(keys, values)
-        for c in layers:
-            c.keys = c.values = None
-        out.append(KVCache.from_state((keys, values, keys.shape[2])))
-    return out
 
 
 _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "uint8": "U8",

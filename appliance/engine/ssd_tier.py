@@ -40,11 +40,10 @@ import time
 from pathlib import Path
 
 from appliance.engine import threads
-from appliance.engine.prefix_cache import TokenTrie
+from appliance.engine.prefix_cache import TokenTrie, joined
 from appliance.engine.ssd_blob import (
     _POOL,
     _frozen,
-    _joined,
     _tensors,
     checksums,
     write_safetensors,
@@ -162,7 +161,7 @@ class SsdTier:
         self.hits += 1
         self.hit_tokens += n
         self._touch(key)
-        return parts[0] if len(parts) == 1 else _joined(parts)
+        return parts[0] if len(parts) == 1 else joined(parts, release=True)
 
     def _read(self, key: str, meta: dict) -> list | None:
         from appliance.engine.kv import load_blob
