@@ -1,4 +1,5 @@
-# For the next session (not run: this session's device budget was spent). Copy d2.sh, t4.sh,
+# For the next session (not run: this session's device budget was spent). Copy d2.sh,
+# ../../2026-12-03-h200-26th/scripts/t4.sh (unchanged since),
 # steptrace.py (it now also prints each run's steps to the first finish and its tail) and this
 # file to devrun/. Four calls after install.sh, each under the 600 s limit:
 #   bash devrun/next-session.sh 1 | 2 | 3 | 4
