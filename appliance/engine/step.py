@@ -38,7 +38,8 @@ from appliance.engine.kv import Scheme, native_cuda
 from appliance.engine.prefill import Prefill, PromptEvent, observe
 from appliance.engine.rows import _Decoding
 from appliance.engine.sampling import SeededSampler
-from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, Tapped
+from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, LookupDrafter, Tapped
+from appliance.engine.speculate.lookup import Shadow
 
 # Propose before reading the pending tokens where reading them stalls a pipeline that pays:
 # a launch-bound device (CUDA) rather than a compute-bound CPU (docs/speculation.md).
@@ -110,6 +111,9 @@ class BatchStep:
         self._verify_compiled = CompiledDecode(self.model) \
             if compile_verify and drafter is not None else None
         self._prefill = Prefill(self.model, self.scheme, prefill_chunk, drafter)
+        # (a lookup row's yield is known through plain steps too, for the control's `ends`)
+        self._shadow = Shadow(drafter, control.k) if isinstance(drafter, LookupDrafter) \
+            and control is not None and control.by_rows else None
         self.drafts: dict[int, DraftCounts] = {}  # per row; the scheduler pops them at finish
         self.spec_ticks = 0  # decode steps that verified proposals
         self._before: bool | None = None  # the last decode step: speculative, plain, or
@@ -205,6 +209,9 @@ class BatchStep:
         if not spec:
             toks, logprobs = d.step(self.model, self._compiled)
             self._observe(d.uids, [[t] for t in toks], step=True)
+            if self._shadow is not None:
+                for uid, _, n in self._shadow.step(d.uids, d.tokens, self.control.waits_on):
+                    self.control.emitted(uid, n)
             emitted = [([t], [lp]) for t, lp in zip(toks, logprobs, strict=True)]
         keep, events, done = [], [], []
         for i, uid in enumerate(d.uids):
@@ -225,8 +232,7 @@ class BatchStep:
             else:
                 done.append(i)
                 if self.drafter is not None:
-                    self.drafter.forget(uid)
-                    self.control.forget(uid)
+                    self._forget(uid)
         if done and self.hold and keep:
             for i in done:
                 d.retire(i)
@@ -264,12 +270,21 @@ class BatchStep:
         self._last_end, self._ended = now, bool(done)
         return events
 
+    def _forget(self, uid: int) -> None:
+        self.drafter.forget(uid)
+        self.control.forget(uid)
+        if self._shadow is not None:
+            self._shadow.forget(uid)
+
     def _speculate(self) -> list | None:
         """A verify step for the running rows, or None when no row proposes anything (or
         the control measured plain steps faster at this batch size): then a plain step."""
         d, ctl = self._decode, self.control
         rows = len(d)
-        if not ctl.speculate(rows, settled=self._quiet and self._same >= SETTLE - 1):
+        left = {uid: d.max_tokens[i] - d.generated[i] for i, uid in enumerate(d.uids)
+                if uid is not None} if ctl.by_rows else None
+        if not ctl.speculate(rows, settled=self._quiet and self._same >= SETTLE - 1,
+                             left=left):
             return None
         # Right after a plain step the pending tokens are still being computed: a drafter
         # that can propose from the tokens before them does, so asking waits for nothing
@@ -308,6 +323,8 @@ class BatchStep:
         mx.eval([c.state for c in d.layers + d.extra])  # its rollback too, in this step
         self.spec_ticks += 1
         for uid, dr, (toks, _) in zip(d.uids, drafts, out, strict=True):
+            if uid is not None:
+                ctl.emitted(uid, len(toks))
             if dr:
                 self.drafts.setdefault(uid, DraftCounts()).add(len(dr), len(toks) - 1)
                 ctl.record(uid, len(dr), len(toks) - 1)
@@ -341,8 +358,7 @@ class BatchStep:
             del self._waiting[i]
             return
         if self.drafter is not None:
-            self.drafter.forget(uid)
-            self.control.forget(uid)
+            self._forget(uid)
         if stage == "prefill":
             self._prefill.remove(i)
         else:

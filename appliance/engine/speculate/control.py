@@ -67,6 +67,11 @@ EXPLORE_AFTER = 8
 # (B=16 on a 2-core CPU) the plain step is the safe choice.
 MARGIN = 1.05
 LONGEST = 16  # the most a losing speculation's probe gap grows to, over its first gap
+# Where finished rows stay in the batch (CUDA), the rows it waits on decide (`Control.ends`):
+# at most this many rows, those with the most tokens left (within one step of the most),
+# and the weight of a step's yield in a row's moving average.
+CRITICAL = 2
+ROW_ALPHA = 0.3
 
 
 def _bucket(rows: int) -> int:
@@ -84,6 +89,7 @@ def _near(rows: int) -> int:
 class _Row:
     accept: float = 0.6  # moving average of accepted / proposed
     paused: int = 0  # steps left before the row proposes again
+    gain: float | None = None  # moving average of the tokens a speculative step emits
 
 
 @dataclass
@@ -113,7 +119,10 @@ class Control:
     choice for long. A batch size not measured yet takes the decision of its neighbours:
     one within `_near` rows as is; otherwise speculation that lost at B rows loses at more
     (and down to B/2 rows where it could not have won at any acceptance, `_hopeless`), and
-    one that won at B wins at fewer. `adaptive=False` always proposes k."""
+    one that won at B wins at fewer. Where finished rows stay in the batch (`by_rows`:
+    CUDA), the yield that decides is not the batch size's but that of the rows the batch
+    waits on (`ends`), each row's own moving average (`emitted`). `adaptive=False` always
+    proposes k."""
 
     k: int
     adaptive: bool = True
@@ -129,6 +138,8 @@ class Control:
     # lookup at B=4 at 0.99-1.07x with this, against 1.42-1.62x without).
     drift: bool = not WHOLE_BUFFER
     _rows: dict[int, _Row] = field(default_factory=dict)
+    _ends: float | None = None  # this step's yield of the rows the batch waits on (`ends`)
+    waits_on: list[int] = field(default_factory=list)  # those rows (uids), this step
     _times: dict[tuple[int, bool], deque] = field(default_factory=dict)  # (B, spec) -> s/step
     _gain: dict[int, float] = field(default_factory=dict)  # B -> tokens per row per spec step
     _ticks: dict[int, int] = field(default_factory=dict)
@@ -176,11 +187,41 @@ class Control:
 
     def _measured(self, b: int) -> bool | None:
         """Whether speculation is faster at bucket `b`, once both modes are measured there:
-        the tokens a speculative step yields per row against what its time would decode."""
+        the tokens a speculative step yields per row (the rows the batch waits on, where
+        known: `ends`) against what its time would decode."""
         if min(len(self._times.get((b, s), ())) for s in (True, False)) < WARM:
             return None
         margin = MARGIN if self.drift else 1.0
-        return self._gain[b] * self._secs(b, False) >= self._secs(b, True) * margin
+        gain = self._gain[b] if self._ends is None else self._ends
+        return gain * self._secs(b, False) >= self._secs(b, True) * margin
+
+    @property
+    def by_rows(self) -> bool:
+        """Whether the decision follows the rows the batch waits on (`ends`): where finished
+        rows stay in the batch (CUDA), so its size, and each size's measured yield, stay
+        those of the full batch as it drains."""
+        return self.adaptive and not self.drift
+
+    def ends(self, left: dict[int, int]) -> list[int]:
+        """The live rows the batch's end waits on, of `left` (uid: tokens left): those with
+        the most, within one speculative step of the most, CRITICAL at most. A step's cost
+        is the whole batch's either way, so once rows finish at different steps, what
+        decides when the batch is done is how fast these rows go, not the others' mean:
+        on an H200 at B=16 (edit), the rows that copied most finished first, the tail of
+        the rest took two thirds of a run, and lookup read 0.91-0.96x draft=none while its
+        all-rows phase was 1.25x (28th session; a replay of those rows' own yields at the
+        measured step times read 0.93-1.02x on their mean, 1.00-1.08x on these rows)."""
+        if not left:
+            return []
+        most = max(left.values())
+        near = sorted((u for u, n in left.items() if n >= most - self.k - 1),
+                      key=lambda u: -left[u])
+        return near[:CRITICAL]
+
+    def emitted(self, uid: int, tokens: int) -> None:
+        """The tokens a speculative step emitted for row `uid` (or would have: `Shadow`)."""
+        r = self._rows.setdefault(uid, _Row())
+        r.gain = tokens if r.gain is None else (1 - ROW_ALPHA) * r.gain + ROW_ALPHA * tokens
 
     def _winner(self, b: int) -> bool | None:
         own = self._measured(b)
@@ -205,15 +246,23 @@ class Control:
         t_spec, t_plain = self._secs(b, True), self._secs(b, False)
         return t_spec > (self.k + 1) * t_plain
 
-    def speculate(self, rows: int, settled: bool = True) -> bool:
+    def speculate(self, rows: int, settled: bool = True,
+                  left: dict[int, int] | None = None) -> bool:
         """Whether a batch of `rows` rows should speculate this step. `settled`: whether
         this step can be timed (no prefill since the last one, the batch unchanged for a
         while); a batch size with no decision yet measures both modes only then, and
         decodes plainly meanwhile (as without a draft), and a probe starts only then (an
         H200 probed at 16 rows while rows still joined: three speculative steps, 38-104 ms
-        against 5, that measured nothing)."""
+        against 5, that measured nothing). `left`: each live row's tokens left (uid:
+        count), for `by_rows`."""
         if not self.adaptive:
             return True
+        self._ends = None
+        if self.by_rows and left:
+            self.waits_on = self.ends(left)
+            gains = [g for g in (self._rows.get(u, _Row()).gain for u in self.waits_on)
+                     if g is not None]
+            self._ends = sum(gains) / len(gains) if gains else None
         last, steps = self._streak
         self._streak = (rows, steps + 1 if rows == last else 0)
         idle = _bucket(rows)

@@ -54,3 +54,49 @@ class LookupDrafter:
 
     def forget(self, uid: int) -> None:
         self._index.pop(uid, None)
+
+
+class Shadow:
+    """What a speculative step would have emitted for a row while the batch decodes plainly.
+
+    A lookup proposal is deterministic and costs no model pass: at each plain step, a
+    watched row proposes as a speculative step there would have (`propose_ahead`: its
+    first token guesses the pending one), and the tokens the following steps emit settle
+    it, at the first mismatch or once all match. The control's per-row yield so stays fresh
+    while no speculative step runs, and speculation resumes as soon as the rows the batch
+    waits on reach text they can copy (`Control.ends`; without it, only at the next probe:
+    a replay of an H200 B=16 edit run's yields read 0.99-1.02x draft=none, 1.00-1.09x
+    with it)."""
+
+    def __init__(self, drafter: LookupDrafter, k: int):
+        self.drafter, self.k = drafter, k
+        self._open: dict[int, list[tuple[int, list[int]]]] = {}  # uid -> (at, proposal)
+
+    def step(self, uids: list, tokens: list[list[int]], watch: list[int]) -> list[tuple]:
+        """After a plain step, given each row's tokens in KV (None uids: held rows): the
+        proposals settled now, as (uid, where it proposed, tokens it would have emitted)."""
+        settled = []
+        for uid, toks in zip(uids, tokens, strict=True):
+            if uid is None:
+                continue
+            still = []
+            for at, guess in self._open.get(uid, ()):
+                got = toks[at:at + len(guess)]
+                n = 0
+                while n < len(got) and got[n] == guess[n]:
+                    n += 1
+                if n < len(got) or n == len(guess):  # a mismatch, or all of it kept
+                    settled.append((uid, at, max(1, n)))  # (its first guessed the pending
+                else:  # token: n matched emit n)
+                    still.append((at, guess))
+            self._open[uid] = still
+            if uid in watch:
+                guess = self.drafter._one(uid, toks, self.k + 1)
+                if guess:
+                    still.append((len(toks), guess))
+                else:
+                    settled.append((uid, len(toks), 1))
+        return settled
+
+    def forget(self, uid: int) -> None:
+        self._open.pop(uid, None)
