@@ -199,12 +199,17 @@ def test_lookup_with_masked_rollbacks_feeds_the_prefix_cache_exact_rows(monkeypa
     assert any(holes)  # verify passes left masked slots
 
 
+@pytest.mark.parametrize("grid", [False, True])
 @pytest.mark.parametrize("kv", ["k8v4", "turboquant"])
 @pytest.mark.parametrize("start", [0, 50])
-def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start, monkeypatch):
+def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start, grid, monkeypatch):
     """Each row runs twice (the second a prefix-cache hit) under a quantized scheme; at
     kv.start 50 rows cross it while they verify drafts (kv/split.py), whose host-side
-    bookkeeping must stay that of its parts through every rollback."""
+    bookkeeping must stay that of its parts through every rollback. `grid`: CUDA's filter
+    (native.GRID_TRIM), which trimmed native layers' padding by whole steps only, so their
+    key lengths differed from the encoded layers' beside them once a row left: every row
+    failed on the H200 with a mask that did not broadcast (28th session)."""
+    from appliance.engine.kv import native
     from appliance.engine.kv.split import SplitLayout
 
     drop, drops = SplitLayout.drop_tails, []
@@ -217,6 +222,7 @@ def test_lookup_is_exact_with_quantized_kv_and_the_prefix_cache(kv, start, monke
                 assert (book.idx, book.pads) == (part._idx, part.left_padding.tolist())
 
     monkeypatch.setattr(SplitLayout, "drop_tails", checked)
+    monkeypatch.setattr(native, "GRID_TRIM", grid)
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
     codec = {"k8v4": lambda: AffineCodec(64, 8, 4), "turboquant": lambda: TurboCodec(64, 4, 4)}
     outs = []
@@ -232,13 +238,15 @@ def test_cuda_verify_attention_beside_encoded_layers_is_token_exact(start, monke
     plain matmuls over float KV too: the native layers beside the encoded ones (whose key
     length then changes every step, so MLX would build a cuDNN graph every step) and, at
     kv.start 40, a split layer's native rows. The same arithmetic, run here, is token-exact
-    with draft=none."""
+    with draft=none, with CUDA's filter too (native.GRID_TRIM: once it left native layers
+    longer than the encoded ones beside them, and every row failed on the H200)."""
     from appliance.engine import prefill, step, verify
     from appliance.engine import rows as rows_mod
-    from appliance.engine.kv import quantized
+    from appliance.engine.kv import native, quantized
     from appliance.engine.speculate import drafters
 
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
+    monkeypatch.setattr(native, "GRID_TRIM", True)
     plain, _ = run(model, tok, "dynamic", scheme=Scheme(TurboCodec(64, 4, 4), (2, 3), start))
     for mod in (drafters, verify, step, rows_mod, prefill):
         monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
@@ -1109,7 +1117,8 @@ def test_a_step_in_which_rows_finished_is_not_timed(loaded, monkeypatch):
     seen, timed, ended = [0], [], set()  # steps so far; steps timed; steps where rows ended
     ctl = Control(4, adaptive=False)
     orig = ctl.speculate
-    ctl.speculate = lambda rows, settled=True, left=None: seen.__setitem__(0, seen[0] + 1) or orig(rows)
+    ctl.speculate = lambda rows, settled=True, left=None: (seen.__setitem__(0, seen[0] + 1)
+                                                           or orig(rows))
     ctl.timed = lambda rows, spec, secs, tokens, live: timed.append(seen[0])
     ctl.forget = lambda uid: ended.add(seen[0])
     spec, _ = run(model, tok, "static-4",

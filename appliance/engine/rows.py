@@ -9,6 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import TokenBuffer
 
 from appliance.engine.compiled import compilable
+from appliance.engine.kv.native import FullLayout
 from appliance.engine.kv.passes import whole_buffers
 from appliance.engine.sampling import BiasTable, after_bias
 from appliance.engine.speculate import WHOLE_BUFFER
@@ -52,6 +53,10 @@ class _Batch:
         else:
             layers = self.layers + self.extra
             mx.eval(_books(layers, offsets=False))  # one wait at most (see _books)
+            if any(hasattr(c, "decode_like") for c in self.layers):  # (encoded layers)
+                for c in self.layers:
+                    if isinstance(c, FullLayout):
+                        c.exact_trim = True
             for c in layers:
                 c.filter(keep)
         for name in ROW_LISTS:

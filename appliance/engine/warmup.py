@@ -48,7 +48,7 @@ class Alternating(Control):
     _seen: set = field(default_factory=set)
     _last: tuple = (0, False)  # the last step's rows, and whether it speculated
 
-    def speculate(self, rows: int, settled: bool = True) -> bool:
+    def speculate(self, rows: int, settled: bool = True, left=None) -> bool:
         spec = rows in self._seen and (rows != self._last[0] or not self._last[1])
         self._seen.add(rows)
         self._last = (rows, spec)

@@ -27,6 +27,7 @@ class FullLayout(BatchKVCache):
     new key length (measured on an H200: ~50 ms a pass against ~5.5 ms at a fixed one)."""
 
     whole_buffer = False
+    exact_trim = False  # beside encoded layers: a filter trims all common padding (filter)
     # Slots a verify pass left behind in a row that kept fewer tokens than others (bool
     # [B, T], True = masked; None: none). A rollback masks them instead of rolling the
     # row's whole history right (a gather over every layer's K and V: a third of a verify
@@ -134,14 +135,17 @@ class FullLayout(BatchKVCache):
         (`GRID_TRIM`) only whole `step`s of it, sliced before the gather, so the buffer
         stays its own array a whole number of steps wide: a decode step over a new key
         length or stride builds its CUDA graphs anew (on an H200 the steps after a row left
-        took 16-29 ms against 3-5), and on the grid a batch size's shapes recur."""
+        took 16-29 ms against 3-5), and on the grid a batch size's shapes recur. Not beside
+        encoded layers (`exact_trim`), which trim all of it: the model builds one mask for
+        every full-attention layer, so their key lengths must agree."""
         keep = list(batch_indices)
-        if not keep or (self._holes is None and not GRID_TRIM):
+        grid = GRID_TRIM and not self.exact_trim
+        if not keep or (self._holes is None and not grid):
             return super().filter(batch_indices)
         rows, holes = mx.array(keep), self._holes
         pads = self.left_padding.tolist()  # (read on the host: a new lazy array would wait)
         trim = min(pads[i] for i in keep)  # as mlx-lm's
-        if GRID_TRIM:
+        if grid:
             trim = trim // self.step * self.step
             if self.keys is not None:
                 self.keys = self.keys[..., trim:, :][rows]

@@ -222,6 +222,8 @@ class SplitLayout:
             book = self.n_rows if name == "native" else self.c_rows
             sel = [j for j, b in enumerate(rows) if b in new]
             if sel:
+                if name == "native":
+                    part.exact_trim = True  # (as its book: native.FullLayout.filter)
                 part.filter(sel)
                 book.filter(sel)
             else:  # an empty part starts afresh (mlx-lm's layouts would keep a stale cursor)
