@@ -74,13 +74,16 @@ class Shadow:
 
     def step(self, uids: list, tokens: list[list[int]], watch: list[int]) -> list[tuple]:
         """After a plain step, given each row's tokens in KV (None uids: held rows): the
-        proposals settled now, as (uid, where it proposed, tokens it would have emitted)."""
+        proposals settled now, as (uid, where it proposed, tokens it would have emitted).
+        Only watched rows and rows with proposals open are visited (a plain step on CUDA is
+        ~2 ms of host time: visiting all 16 rows cost 2% of it)."""
         settled = []
-        for uid, toks in zip(uids, tokens, strict=True):
-            if uid is None:
+        need = self._open.keys() | set(watch)
+        for i, uid in enumerate(uids):
+            if uid is None or uid not in need:
                 continue
-            still = []
-            for at, guess in self._open.get(uid, ()):
+            toks, still = tokens[i], []
+            for at, guess in self._open.pop(uid, ()):
                 got = toks[at:at + len(guess)]
                 n = 0
                 while n < len(got) and got[n] == guess[n]:
@@ -89,13 +92,14 @@ class Shadow:
                     settled.append((uid, at, max(1, n)))  # (its first guessed the pending
                 else:  # token: n matched emit n)
                     still.append((at, guess))
-            self._open[uid] = still
             if uid in watch:
                 guess = self.drafter._one(uid, toks, self.k + 1)
                 if guess:
                     still.append((len(toks), guess))
                 else:
                     settled.append((uid, len(toks), 1))
+            if still:
+                self._open[uid] = still
         return settled
 
     def forget(self, uid: int) -> None:
