@@ -78,7 +78,7 @@ def test_linux_cpu_picks_float32_and_says_so():
         pytest.skip("MLX runs on an accelerator here")
     assert plan.model.checkpoint_dtype == "bfloat16" and plan.model.dtype == "float32"
     assert "float32" in plan.derived["model.dtype"] and "BLAS" in plan.derived["model.dtype"]
-    assert plan.batch.prefill_chunk == 512 and plan.batch.max_rows <= 8  # few rows on CPU
+    assert plan.batch.prefill_chunk == 256 and plan.batch.max_rows <= 8  # few rows on CPU
 
 
 def test_m1_max_and_m4_pro_resolve_to_different_plans():

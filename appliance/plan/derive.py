@@ -11,9 +11,10 @@ One memory account, every part named (docs/memory.md explains each):
               + ram                                             (RAM tier, SSD-writer copies)
 
 Then the knobs, in order (each explicit value wins and is only checked):
-- prefill_chunk: 2048 on a GPU (mlx-lm's prefill step; big matmuls keep it busy), 512 on a
-  CPU (compute-bound already; a smaller chunk stalls running rows less), halved while its
-  activations would take more than 2% of usable memory;
+- prefill_chunk: 2048 on a GPU (mlx-lm's prefill step; big matmuls keep it busy), 256 on a
+  CPU (compute-bound already; a smaller chunk stalls running rows less, and its unfused
+  attention's score matrices stay small), halved while its activations would take more than
+  2% of usable memory;
 - max_context: the model's trained positions, capped so one row and its copy fit;
 - max_rows: the fewer of two bounds: the workload's clients and the rows whose typical
   contexts (and their copies) fit in KV_SHARE of the room. Where batched decode stops being
@@ -45,7 +46,9 @@ RAM_SHARE = 0.5  # the RAM tier takes this share of what live KV leaves
 ACTIVATION_SHARE = 0.02  # prefill activations may take this share of usable memory
 MIN_BUFFER_CACHE = 64 << 20  # MLX keeps at least this much of freed buffers for reuse
 MAX_ROWS = 64
-GPU_CHUNK, CPU_CHUNK = 2048, 512
+# On CPU a chunk's unfused attention holds a chunk x context score matrix per head: at 256
+# rows of it an agents run and a cold 4k prompt both ran faster than at 512 (28th session)
+GPU_CHUNK, CPU_CHUNK = 2048, 256
 # mlx-lm's KV buffers grow 256 tokens at a time past wherever the last write ended: a row's
 # buffers may hold up to two steps beyond its tokens (admission counts tokens exactly)
 GROWTH_TOKENS = 2 * 256
@@ -192,8 +195,9 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
         why["batch.prefill_chunk"] = (
             f"prefill_chunk={chunk}: " + ("on a GPU, mlx-lm's prefill step keeps its matmuls "
                                           "large" if f.backend != "cpu" else
-                                          "on CPU prefill is compute-bound at small chunks, and "
-                                          "a smaller chunk stalls running rows less")
+                                          "on CPU prefill is compute-bound at small chunks, a "
+                                          "smaller chunk stalls running rows less, and its "
+                                          "unfused attention's score matrices stay small")
             + (f"; halved from {base} to keep activations under "
                f"{ACTIVATION_SHARE:.0%} of usable memory" if chunk < base else ""))
     else:
