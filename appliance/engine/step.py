@@ -323,7 +323,7 @@ class BatchStep:
         mx.eval([c.state for c in d.layers + d.extra])  # its rollback too, in this step
         self.spec_ticks += 1
         for uid, dr, (toks, _) in zip(d.uids, drafts, out, strict=True):
-            if uid is not None:
+            if uid is not None and ctl.by_rows:  # (only a by-rows control reads it)
                 ctl.emitted(uid, len(toks))
             if dr:
                 self.drafts.setdefault(uid, DraftCounts()).add(len(dr), len(toks) - 1)
