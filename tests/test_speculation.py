@@ -199,6 +199,22 @@ def test_lookup_with_masked_rollbacks_feeds_the_prefix_cache_exact_rows(monkeypa
     assert any(holes)  # verify passes left masked slots
 
 
+def test_a_finished_rows_kv_is_copied_out_only_for_a_prefix_cache(monkeypatch):
+    """A finished row's KV is copied for the prefix cache (a row with masked slots reads
+    them on the host, which waits for the device mid-pipeline): without a prefix cache no
+    row is copied, and the tokens are the same."""
+    from appliance.engine.rows import _Decoding
+
+    model, tok = oracle.load(oracle.model_path("tiny"), "float32")
+    copied, real = [], _Decoding.extract
+    monkeypatch.setattr(_Decoding, "extract", lambda self, i: copied.append(i) or real(self, i))
+    plain, _ = run(model, tok, "static-4", lookup())
+    assert not copied
+    kept, _ = run(model, tok, "static-4", lookup(), prefix=PrefixCache(ram=RamTier(1 << 30)))
+    assert len(copied) == 4  # each row once, as it finished
+    assert {r: c.tokens for r, c in plain.items()} == {r: c.tokens for r, c in kept.items()}
+
+
 @pytest.mark.parametrize("grid", [False, True])
 @pytest.mark.parametrize("kv", ["k8v4", "turboquant"])
 @pytest.mark.parametrize("start", [0, 50])

@@ -78,7 +78,8 @@ class ContinuousScheduler(SoloRow):
         return BatchStep(self.model, self.eos_ids, self.max_rows, self.prefill_chunk,
                          self.scheme, prefill_rows=self.prefill_rows, drafter=self.drafter,
                          control=self.control, compiled=self.compiled,
-                         compile_verify=self.compile_verify)
+                         compile_verify=self.compile_verify,
+                         keep_finished=self.prefix is not None)
 
     # -- the Scheduler interface ------------------------------------------------
     def add(self, handle) -> None:

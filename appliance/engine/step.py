@@ -89,10 +89,13 @@ class BatchStep:
     def __init__(self, model, stop_tokens: set[int], max_rows: int, prefill_chunk: int,
                  scheme: Scheme | None = None, prefill_rows: int = 1, drafter=None,
                  control: Control | None = None, compiled: CompiledDecode | None = None,
-                 compile_verify: bool = False):
+                 compile_verify: bool = False, keep_finished: bool = True):
         """`scheme`: the plan's KV scheme (native when None). `drafter`: proposes draft
         tokens per row (None: no speculation); `control`: how many, and when. `compiled`:
-        plain decode steps as a compiled graph; `compile_verify`: verify passes too."""
+        plain decode steps as a compiled graph; `compile_verify`: verify passes too.
+        `keep_finished`: a finishing row's event carries a copy of its KV (for a prefix
+        cache; without one nobody reads it, and copying a row with holes reads them on the
+        host, which waits for the device mid-pipeline)."""
         native_cuda.install()  # masked decode attention on CUDA (a no-op elsewhere)
         self.model, self.stop_tokens = model, set(stop_tokens)
         self.max_rows, self.prefill_chunk, self.prefill_rows = max_rows, prefill_chunk, \
@@ -122,7 +125,7 @@ class BatchStep:
         self._asked = False  # this step read the pending tokens for drafts and found none
         self._ended = False  # rows finished in the last decode step
         self._rows_were, self._same = 0, 0  # the last step's rows; steps since they changed
-        self.hold = HOLD
+        self.hold, self.keep_finished = HOLD, keep_finished
         self.dropped: list[int] = []  # held rows whose KV went since the scheduler last took
 
     def _observe(self, uids: list[int], fed: list[list[int]], step: bool = False) -> None:
@@ -224,7 +227,8 @@ class BatchStep:
                 if tok in self.stop_tokens:
                     reason = "stop"
                 if reason is not None:
-                    events.append(TokenEvent(uid, tok, lp, reason, d.extract(i), d.tokens[i]))
+                    kv = d.extract(i) if self.keep_finished else None
+                    events.append(TokenEvent(uid, tok, lp, reason, kv, d.tokens[i]))
                     break
                 events.append(TokenEvent(uid, tok, lp, None))
             if reason is None:
