@@ -199,6 +199,77 @@ def test_lookup_with_masked_rollbacks_feeds_the_prefix_cache_exact_rows(monkeypa
     assert any(holes)  # verify passes left masked slots
 
 
+def _plain_won_at_one_row(control: Control, spec_secs: float) -> Control:
+    """`control` once it has measured plain steps faster than speculative ones at one row
+    (1 ms a plain step, `spec_secs` a speculative one emitting 2 tokens)."""
+    from appliance.engine.speculate.control import WARM
+
+    for _ in range(WARM):
+        control.timed(1, True, spec_secs, 2, 1)
+        control.timed(1, False, 0.001, 1, 1)
+    assert control.speculate(1) is False
+    return control
+
+
+def test_solo_steps_bring_the_next_probe_at_one_row_due():
+    c = _plain_won_at_one_row(Control(4), 0.0021)  # lost by a little: probed again soon
+    solo = 0
+    while c.alone():
+        c.alone_step()
+        solo += 1
+    assert 0 < solo < 64
+    assert c.speculate(1) is True  # the next lone row runs batched, and probes
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "model", "mtp"])
+def test_a_lone_row_runs_solo_where_plain_steps_won_at_one_row(drafter, request):
+    """With a draft, a lone row decodes unbatched once the control has measured plain steps
+    faster at one row. Its cache then holds the model's layers only: a row joining takes it
+    over into the batch, and prefix entries cross both ways (a solo row's hit by batched
+    drafter rows, a drafter row's by a solo row). Every token equals draft=none's."""
+    model, tok = oracle.load(oracle.model_path("tiny"), "float32")
+    if drafter == "model":
+        draft = ModelDrafter(request.getfixturevalue("draft_model"), 16)
+    elif drafter == "mtp":
+        mx.random.seed(0)
+        draft = MTPDrafter(MTPHead.for_model(model), model, 16)
+    else:
+        draft = LookupDrafter(1, 3)
+    p = prompts(tok)
+
+    def serve(s, want=None) -> tuple[dict, list]:
+        """a alone; a's next turn beside b (a hit on a's entry); b's next turn alone (a hit
+        on b's); c alone, then d joins it. `want`: the reference's tokens (the next turns'
+        prompts extend them)."""
+        got, solos, real, live = {}, [], s._start_solo, {}
+        s._start_solo = lambda: solos.append(live[id(s._waiting[0])]) or real()
+        turns = [[(0, "a", p["a"])], None, None, [(0, "c", p["c"]), (3, "d", p["d"])]]
+        for i, turn in enumerate(turns):
+            if i == 1:
+                turn = [(0, "a2", p["a"] + (want or got)["a"] + [5, 6, 7]), (0, "b", p["b"])]
+            if i == 2:
+                turn = [(0, "b2", p["b"] + (want or got)["b"] + [8, 9])]
+            rows = {r: Collector(GenerationRequest(ids, 24)) for _, r, ids in turn}
+            live.update({id(c): r for r, c in rows.items()})
+            drive(s, [(t, "insert", r) for t, r, _ in turn], rows)
+            for r, c in rows.items():
+                assert c.finished.error is None, c.finished.error
+                got[r] = c.tokens
+                got[r + ".cached"] = c.finished.cached_tokens
+        return got, solos
+
+    def prefix():
+        return PrefixCache(ram=RamTier(1 << 30))
+
+    want, _ = serve(scheduler(model, tok, 4, prefix=prefix()))
+    control = _plain_won_at_one_row(Control(3), 0.010)
+    got, solos = serve(scheduler(model, tok, 4, (draft, control), prefix=prefix()), want)
+    assert solos == ["a", "b2", "c"]
+    assert got == want
+    assert got["a2.cached"] > len(p["a"]) and got["b2.cached"] > len(p["b"])  # the hits
+    assert control.alone()  # (a large loss: no probe due yet)
+
+
 def test_a_finished_rows_kv_is_copied_out_only_for_a_prefix_cache(monkeypatch):
     """A finished row's KV is copied for the prefix cache (a row with masked slots reads
     them on the host, which waits for the device mid-pipeline): without a prefix cache no
@@ -583,7 +654,9 @@ def test_cancelled_and_stopped_rows_emit_nothing_past_their_end(loaded):
 def test_a_seeded_sampled_row_is_reproducible_with_the_same_draft_settings(kind):
     """A seeded sampled row proposes nothing, so its tokens do not depend on which steps
     the (timed) control let speculate, nor on the rows beside it: the same as with no
-    draft, alone or batched. Unseeded and greedy rows beside it still speculate."""
+    draft, alone or batched. Alone it runs solo, as with no draft, whatever the control
+    (on a backend whose kernels are not batch-invariant, CUDA, only that path gives the
+    same bits). Unseeded and greedy rows beside it still speculate."""
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
     seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=7, repetition_penalty=1.1)
 
@@ -601,7 +674,10 @@ def test_a_seeded_sampled_row_is_reproducible_with_the_same_draft_settings(kind)
         rows |= {r: Collector(GenerationRequest(p[r], ROWS[r][1], SamplingParams()))
                  for r in beside}  # greedy rows, which speculate
         s = scheduler(model, tok, 4, d)
+        solo, real = [], s._start_solo
+        s._start_solo = lambda solo=solo, real=real: solo.append(1) or real()
         drive(s, [(0, "insert", r) for r in rows], rows)
+        assert bool(solo) == (not beside)  # alone, it runs solo, as with no draft
         outs.append(rows["a"].tokens)
         assert rows["a"].finished.accepted_prediction_tokens == 0
         assert rows["a"].finished.rejected_prediction_tokens == 0

@@ -26,7 +26,7 @@ from appliance.engine.compiled import CompiledDecode
 from appliance.engine.kv import Scheme
 from appliance.engine.memory import OUT_OF_MEMORY, Resumed, is_allocation_failure
 from appliance.engine.prefix_cache import PrefixCache
-from appliance.engine.sampling import make_processors, make_sampler, repair_random_state
+from appliance.engine.sampling import make_processors, make_sampler, repair_random_state, seeded
 from appliance.engine.scheduler import Counters, Row, RowState, finish, safe_deliver, token_event
 from appliance.engine.solo import SoloRow
 from appliance.engine.step import BatchStep
@@ -47,12 +47,15 @@ class ContinuousScheduler(SoloRow):
         the KV bytes the live rows hold and the copies waiting for the SSD writer (one
         memory ceiling for all three). `drafter`/`control`: speculative decoding
         (`appliance.engine.speculate`); with a drafter every row runs in the batched step,
-        a lone one too (the solo path does not speculate). `compile_step`: batched plain
-        decode steps run as one compiled graph (`appliance.engine.compiled`); `compile_verify`:
-        verify passes do (by default: on an H200 it measured 1.0-1.3x the uncompiled pass's
-        tokens/s; on a 2-core CPU 1.13-1.16x at B=1, where a pass builds more graph than it
-        computes, and within noise at B=4-16, where masked slots mostly keep the pass
-        uncompiled; docs/benchmarks.md)."""
+        a lone one too (the solo path does not speculate), unless the control measured plain
+        steps faster at one row (`Control.alone`) or the row is seeded (it never speculates;
+        solo, its tokens are draft=none's on any backend, not only a batch-invariant one).
+        `compile_step`: batched plain decode steps run as one compiled graph
+        (`appliance.engine.compiled`); `compile_verify`: verify passes do (by default: on
+        an H200 it measured 1.0-1.3x the uncompiled pass's tokens/s; on a 2-core CPU
+        1.13-1.16x at B=1, where a pass builds more graph than it computes, and within
+        noise at B=4-16, where masked slots mostly keep the pass uncompiled;
+        docs/benchmarks.md)."""
         self.model, self.eos_ids = model, eos_ids
         self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
         self.budget = budget  # (MLX work runs on the engine thread's own stream)
@@ -113,7 +116,8 @@ class ContinuousScheduler(SoloRow):
         if self._solo is not None and self._head_fits():
             self._hand_over()  # a second row can join: continue batched
         if not self._rows and self._solo is None and len(self._waiting) == 1 \
-                and self.drafter is None:
+                and (self.drafter is None or self.control.alone()
+                     or seeded(self._waiting[0].request.sampling)):
             self._start_solo()
         if self._solo is not None:
             return self._solo_step()

@@ -90,12 +90,17 @@ def row_key(sampler) -> mx.array | None:
     return None
 
 
+def seeded(s: SamplingParams) -> bool:
+    """Whether a row draws from its own key (`SeededSampler`): never speculated."""
+    return s.temperature != 0 and s.seed is not None
+
+
 def make_sampler(s: SamplingParams):
     """Greedy rows share mlx-lm's greedy sampler, and unseeded rows alike one sampler (so
     such a batch samples in one call)."""
     if s.temperature == 0:
         return greedy_sampler
-    if s.seed is not None:
+    if seeded(s):
         return SeededSampler(s)
     return _unseeded(s.temperature, s.top_p, s.min_p, s.top_k)
 

@@ -1,7 +1,9 @@
 """The solo row: a request that arrives to an idle engine runs unbatched (`runner.Decoder`,
 generate_step's arithmetic, no batch padding or masks: as fast as mlx-lm's serial path).
 When a second request can be admitted, the solo row hands its cache, history and sampler
-to the batch and both continue batched. Not with a draft: the solo path does not speculate.
+to the batch and both continue batched. With a draft only where the control measured plain
+steps faster at one row (`Control.alone`): the solo path does not speculate, and its cache
+holds the model's layers only (a drafter's start empty when the row joins a batch).
 
 `SoloRow` is part of `ContinuousScheduler` (appliance/engine/continuous.py), kept apart so
 that file reads in one sitting; it uses the scheduler's state and helpers.
@@ -40,6 +42,8 @@ class SoloRow:
         t = time.perf_counter()
         try:
             cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
+            if cache is not None:  # (an entry a drafter's row stored holds its layers too)
+                cache = cache[:self._batch.model_layers]
             decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
                               cached=cached, checkpoints=r.checkpoints,
                               on_checkpoint=self._checkpointer(r) if self.prefix is not None
@@ -57,6 +61,8 @@ class SoloRow:
     def _solo_step(self) -> None:
         row, d = self._solo
         max_tokens = row.handle.request.max_tokens
+        if self.control is not None:
+            self.control.alone_step()
         t = time.perf_counter()
         try:
             tok, logprobs = d.next(last=row.generated + 1 == max_tokens)

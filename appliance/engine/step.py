@@ -138,8 +138,8 @@ class BatchStep:
                params=None) -> int:
         """Queue a row: its prompt as `segments` (prefill pauses at each segment's end) over
         `cache`, which already holds `tokens` (a prefix-cache hit, or a solo row's history;
-        with a drafter that keeps layers, those follow the model's). The last prompt token
-        is fed by the row's first decode step. `params`: the row's SamplingParams."""
+        with a drafter that keeps layers, those follow the model's, or are made here). The
+        last prompt token is fed by the row's first decode step. `params`: its SamplingParams."""
         seq = [s for s in segments if s]
         if not seq:
             raise ValueError("the prompt is empty")
@@ -153,6 +153,10 @@ class BatchStep:
             cache = self.scheme.make_cache(self.model)
             if self.drafter is not None:
                 cache += self.drafter.make_cache()
+        elif self.drafter is not None and len(cache) == self.model_layers:
+            # built without the drafter (a solo row, or a prefix entry one stored): the
+            # drafter starts empty and catches up on the row's last tokens (LAG_MAX)
+            cache = cache + self.drafter.make_cache()
         self._waiting.append(_Seq(uid, seq, max_tokens, cache, list(tokens or []), sampler,
                                   tuple(processors or ()), params))
         return uid

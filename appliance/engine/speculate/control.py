@@ -320,6 +320,24 @@ class Control:
         m.probe_at, m.winner = n + m.gap, winner
         return winner
 
+    def alone(self) -> bool:
+        """Whether a lone row should decode unbatched (the scheduler's solo path, which runs
+        the model over a plain cache and never speculates): where plain steps won at one
+        row and its next probe is not due. A lone row in the batched step pays its padding,
+        masks and shape policy: on an H200 the embedded model's plain steps there ran at
+        ~840 tok/s against ~1050 solo, so mtp and model, pausing rightly, read 0.79-0.80x
+        draft=none at B=1 (29th session). Solo steps count towards the probe (`alone_step`),
+        and the first lone row after it runs batched again, and probes."""
+        m = self._modes.get(1)
+        return self.adaptive and m is not None and m.winner is False \
+            and self._ticks.get(1, 0) + 1 < m.probe_at
+
+    def alone_step(self) -> None:
+        """A lone row's unbatched step: one plain step at one row, short of the probe."""
+        m = self._modes.get(1)
+        if m is not None and m.probe_at:
+            self._ticks[1] = min(self._ticks.get(1, 0) + 1, m.probe_at - 1)
+
     def _probe(self, b: int, m: _Mode, n: int) -> bool:
         """A step of the mode that is not running. A probe's verdict rests on its own steps
         alone, compared with the running mode's latest ones."""
