@@ -115,6 +115,9 @@ class ContinuousScheduler(SoloRow):
         self._reap_cancelled()
         if self._solo is not None and self._head_fits():
             self._hand_over()  # a second row can join: continue batched
+        elif self.drafter is not None and len(self._rows) == 1 and not self._waiting \
+                and self.control.alone():
+            self._take_back()  # the batch's last row: continue solo
         if not self._rows and self._solo is None and len(self._waiting) == 1 \
                 and (self.drafter is None or self.control.alone()
                      or seeded(self._waiting[0].request.sampling)):
@@ -329,12 +332,17 @@ class ContinuousScheduler(SoloRow):
         if not removed:
             self._batch.remove(uid)  # (held rows go with it)
             self._release_dropped()
+        self._take_drafts(uid, row)
+        self._end_row(row, reason, error, held=held)
+
+    def _take_drafts(self, uid: int, row: Row) -> None:
+        """Row `uid`'s draft counts, out of the batch, into its usage and the counters."""
         drafted = self._batch.drafts.pop(uid, None)
         if drafted is not None:
-            row.accepted, row.rejected = drafted.accepted, drafted.proposed - drafted.accepted
+            row.accepted += drafted.accepted  # (a row batched twice, solo between)
+            row.rejected += drafted.proposed - drafted.accepted
             self.counters.draft_proposed += drafted.proposed
             self.counters.draft_accepted += drafted.accepted
-        self._end_row(row, reason, error, held=held)
 
     def _out_of_memory(self, e: BaseException, rows: list[Row] | None = None) -> None:
         """An allocation failed: drop what can be rebuilt (the RAM tier, MLX's buffer cache)

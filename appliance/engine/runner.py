@@ -77,6 +77,18 @@ class Decoder:
         mx.async_eval(self.pending, self.pending_logprobs)
         self.emitted = 0
 
+    @classmethod
+    def resume(cls, model, cache: list, history: list[int], pending: mx.array,
+               pending_logprobs: mx.array, sampler, scheme: Scheme | None = None) -> Decoder:
+        """A row taken out of a batch (one without logits processors): `cache` holds
+        `history`, and `pending` ([1], sampled, not yet fed) comes next."""
+        d = cls.__new__(cls)
+        d.model, d.scheme = model, scheme or Scheme()
+        d.sampler, d.processors, d._seen = sampler, [], None
+        d.cache, d.history = cache, list(history)
+        d.pending, d.pending_logprobs, d.emitted = pending, pending_logprobs, 0
+        return d
+
     def _step(self, inp: mx.array):
         logits = self.model(inp[None], cache=self.cache)[:, -1, :]
         self.scheme.maybe_quantize(self.cache)

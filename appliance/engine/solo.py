@@ -99,6 +99,20 @@ class SoloRow:
                                tokens=d.history)
         self._rows[uid] = row
 
+    def _take_back(self) -> None:
+        """The one row left in the batch continues solo, where the control measured plain
+        steps faster at one row (`Control.alone`): rows left it there, or its control
+        probed at one row and plain steps won again."""
+        taken = self._batch.take_alone()
+        if taken is None:
+            return
+        uid, cache, tokens, pending, logprobs, sampler = taken
+        self._release_dropped()
+        row = self._rows.pop(uid)
+        self._take_drafts(uid, row)
+        self._solo = (row, Decoder.resume(self.model, cache, tokens, pending, logprobs, sampler,
+                                          self.scheme))
+
     def _end_solo(self, reason: FinishReason, error: str | None = None) -> None:
         row, d = self._solo
         self._solo = None

@@ -360,6 +360,24 @@ class BatchStep:
             return batch.extract(i), batch.tokens[i]
         return [c.extract(i, upto) for c in batch.layers], batch.tokens[i][:upto]
 
+    def take_alone(self) -> tuple | None:
+        """The one row decoding, out of the batch, for the solo path: (uid, its model layers'
+        cache, the tokens in it, its pending token [1] and log-probabilities, its sampler).
+        None unless it is the only row here and reads neither logits processors nor a seed
+        (a solo row keeps neither the batch's history buffers nor, on CUDA, a seeded row's
+        bits: it runs solo only if it started so)."""
+        d = self._decode
+        if self._waiting or len(self._prefill) or d.live != 1:
+            return None
+        i = next(j for j, u in enumerate(d.uids) if u is not None)
+        if d.processors[i] or isinstance(d.samplers[i], SeededSampler):
+            return None
+        uid = d.uids[i]
+        taken = (uid, [c.extract(i) for c in d.layers], list(d.tokens[i]),
+                 d.next_tokens[i:i + 1], d.next_logprobs[i], d.samplers[i])
+        self.remove(uid)  # (held rows go too)
+        return taken
+
     def remove(self, uid: int) -> None:
         stage, i = self._where(uid)
         if stage == "waiting":
