@@ -222,13 +222,15 @@ def test_solo_steps_bring_the_next_probe_at_one_row_due():
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "model", "mtp"])
-def test_a_lone_row_runs_solo_where_plain_steps_won_at_one_row(drafter, request):
+def test_a_lone_row_runs_solo_where_plain_steps_won_at_one_row(loaded, drafter, request):
     """With a draft, a lone row decodes unbatched once the control has measured plain steps
     faster at one row, and so does the batch's last row. A solo row's cache holds the
     model's layers only: a row joining takes it over into the batch, and prefix entries
     cross both ways (a solo row's hit by batched drafter rows, a drafter row's by a solo
-    row). Every token equals draft=none's."""
-    model, tok = oracle.load(oracle.model_path("tiny"), "float32")
+    row). Every token equals draft=none's, on the full, sliding and hybrid models."""
+    name, model, tok = loaded
+    if drafter == "mtp" and name == "tiny-gemma3":
+        pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     if drafter == "model":
         draft = ModelDrafter(request.getfixturevalue("draft_model"), 16)
     elif drafter == "mtp":

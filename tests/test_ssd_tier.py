@@ -270,6 +270,31 @@ def test_a_turn_extends_a_prefix_still_queued_for_the_disk(tmp_path):
     assert not list((tmp_path / "other" / FP / "blobs").iterdir())
 
 
+def test_a_turn_extends_only_an_entry_of_as_many_layers(tmp_path):
+    """With a draft, a solo row's entry holds the model's layers and a batched row's the
+    drafter's too: a turn over an entry of another layer count is written whole, and both
+    load back as they were stored (queued or written)."""
+    import numpy as np
+
+    prompt, turn, longer = list(range(1, 41)), list(range(1, 61)), list(range(1, 81))
+    tier = SsdTier(tmp_path, 1 << 30, FP)
+    tier.step_started()  # the turn meets the prompt still queued
+    tier.put(prompt, _layers_for(prompt) + _layers_for(prompt))  # 4 layers
+    tier.put(turn, _layers_for(turn))  # 2
+    tier.close()
+    tier = SsdTier(tmp_path, 1 << 30, FP)
+    tier.put(longer, _layers_for(longer)[:1])  # 1, over the written turn
+    tier.close()
+    metas = {len(m["tokens"]): m for m in tier._meta.values()}
+    assert not any(m.get("parent") for m in metas.values())
+    again = SsdTier(tmp_path, 1 << 30, FP)
+    for toks, n in ((prompt, 4), (turn, 2), (longer, 1)):
+        got = again.load(toks, len(toks))
+        assert len(got) == n
+        assert np.array_equal(np.array(got[0].keys[0, 0, :, 0]), np.array(toks))
+    again.close()
+
+
 @pytest.mark.parametrize("codec", ["k8v4", "turboquant"])
 def test_encoded_prefixes_survive_a_restart_and_equal_a_cold_run(loaded, tmp_path, codec):
     """A quantized scheme's blobs hold its codes (never re-encoded) and load as them."""

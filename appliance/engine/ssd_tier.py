@@ -84,7 +84,8 @@ class SsdTier:
         self._queue: queue.Queue = queue.Queue()
         self._in_hand = 0  # entries the writer took off the queue and has not finished
         self._pending_bytes = 0  # held by copies queued or in hand, until written
-        self._queued: dict[str, tuple[list[int], int]] = {}  # key -> (tokens, depth), until done
+        # key -> (tokens, depth, layers), until written
+        self._queued: dict[str, tuple[list[int], int, int]] = {}
         self._touched: set[str] = set()  # keys used since their index row was written
         self._last_step, self._closing = 0.0, False
         self._clear_wanted = False  # the writer read device buffers (CUDA): see step_started
@@ -242,8 +243,9 @@ class SsdTier:
             return
         with self._lock:
             self._pending_bytes += nbytes
-        self._queued[key] = (list(tokens), depth)
-        self._queue.put(("put", key, list(tokens), frozen, time.monotonic(), nbytes, parent))
+        self._queued[key] = (list(tokens), depth, len(cache))
+        self._queue.put(("put", key, list(tokens), frozen, time.monotonic(), nbytes, parent,
+                         len(cache)))
 
     def _base(self, tokens: list[int], cache: list) -> tuple[str | None, int, int]:
         """The entry this one extends, its length, and this one's depth in the chain: the
@@ -251,17 +253,20 @@ class SsdTier:
         every layer is a KVCache (its slots are the tokens) and the chain stays short.
         (None, 0, 0): write the entry whole. (A turn that ends before the shared system
         prompt's blob has landed extends the queued prompt: an agents run on CPU wrote
-        156-162 MB with this, 178-200 MB without.)"""
+        156-162 MB with this, 178-200 MB without.) Only over an entry of as many layers: with
+        a draft, a solo row's entry holds the model's layers, a batched row's the drafter's
+        too (`solo.py`)."""
         from mlx_lm.models.cache import KVCache
 
         if not all(type(c) is KVCache and c.keys is not None for c in cache):
             return None, 0, 0
+        n = len(cache)
         with self._lock:
             m = self._trie.longest(tokens[:-1])
             meta = self._meta.get(_key(tokens[:m])) if m else None
-        depth = meta.get("depth", 0) if meta else -1
-        for toks, d in list(self._queued.values()):
-            if m < len(toks) < len(tokens) and tokens[:len(toks)] == toks:
+        depth = meta.get("depth", 0) if meta and meta.get("layers", n) in (n, None) else -1
+        for toks, d, layers in list(self._queued.values()):
+            if layers == n and m < len(toks) < len(tokens) and tokens[:len(toks)] == toks:
                 m, depth = len(toks), d
         if depth < 0 or depth + 1 >= MAX_CHAIN:
             return None, 0, 0
@@ -298,7 +303,7 @@ class SsdTier:
                                             self._queue.qsize(), self._closing):
                             time.sleep(QUIET_S / 2)
                         t = time.monotonic()
-                        self._write(*item[1:4], parent=item[6])
+                        self._write(*item[1:4], parent=item[6], layers=item[7])
                         log.debug("SSD prefix cache: wrote %d tokens (%d bytes) in %.3f s, "
                                   "%.3f s after it was queued", len(item[2]), item[5],
                                   time.monotonic() - t, t - item[4])
@@ -320,7 +325,8 @@ class SsdTier:
                 item = None  # its buffer was read on the host: the engine clears the cache
                 self._clear_wanted = True
 
-    def _write(self, key: str, tokens: list[int], blob, parent: str | None = None) -> None:
+    def _write(self, key: str, tokens: list[int], blob, parent: str | None = None,
+               layers: int | None = None) -> None:
         name = f"{key}.safetensors"
         final, tmp = self.dir / "blobs" / name, self.dir / "blobs" / f".tmp-{name}"
         base = self._chain(parent) if parent else []
@@ -350,7 +356,7 @@ class SsdTier:
             self.evictions += self._remove(min(others, key=lambda k: self._meta[k]["used"]))
         os.replace(tmp, final)
         meta = {"tokens": tokens, "file": name, "nbytes": size, "crcs": crcs,
-                "used": time.time()}
+                "used": time.time(), "layers": layers}
         if parent:
             meta.update(parent=parent, start=len(base[0][1]["tokens"]),
                         depth=base[0][1].get("depth", 0) + 1)
