@@ -344,7 +344,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                 "row is admitted; then its cache joins the batch" if b.mode == "continuous"
                 else "unbatched, always")
     if draft.kind != "none":
-        lone_row = "in the batched step, as a batch of one (where it speculates)"
+        lone_row = ("in the batched step, as a batch of one, where it speculates; unbatched "
+                    "(as without a draft) where the control measured plain steps faster at "
+                    "one row, and when seeded")
     if b.mode == "continuous" and kv.quantized_layers and kv.start > 0:
         placement["full"] += (f"; kv.start={kv.start} holds per row: in a batch, a row's "
                               "quantized layers stay native until it holds that many tokens "
