@@ -135,8 +135,9 @@ class ContinuousScheduler(SoloRow):
                 ends = [p for p in prompt_responses if p.end_of_segment and not p.end_of_prompt]
                 for p in ends:
                     cache, tokens = self._batch.extract(p.uid, p.at)
-                    req = self._rows[p.uid].handle.request
-                    self._store(tokens, cache, durable=self._durable(req, len(tokens)))
+                    row = self._rows[p.uid]
+                    self._store(tokens, cache, durable=self._durable(row.handle.request,
+                                                                     len(tokens)), row=row)
         except Exception as e:  # a failed forward fails the rows in flight, not the server
             if is_allocation_failure(e):
                 return self._out_of_memory(e)
@@ -152,7 +153,7 @@ class ContinuousScheduler(SoloRow):
             self.counters.decode_seconds += dt
         for r in responses:
             if self.prefix is not None and r.finish_reason is not None and r.cache:
-                self._store(r.tokens, r.cache)  # the whole turn
+                self._store(r.tokens, r.cache, row=self._rows.get(r.uid))  # the whole turn
             self._on_token(r)
         self._release_dropped()
 
@@ -230,9 +231,15 @@ class ContinuousScheduler(SoloRow):
             self.prefix.trim(self._cache_limit())
 
     def _store(self, tokens: list[int], cache: list, live: bool = False,
-               durable: bool = True) -> None:
-        self.prefix.insert(list(tokens), cache, limit=self._cache_limit(), live=live,
-                           durable=durable)
+               durable: bool = True, row: Row | None = None) -> None:
+        """`row`: the row `cache` is from. The entries its KV was built from, and those it
+        stored, need no bit-for-bit check when a later entry of it extends them. Not with a
+        drafter: its layers may have restarted from other tokens (LAG_MAX)."""
+        trust = row is not None and self.drafter is None
+        got = self.prefix.insert(list(tokens), cache, limit=self._cache_limit(), live=live,
+                                 durable=durable, trusted=row.trusted if trust else frozenset())
+        if trust:
+            row.trusted |= got
 
     @staticmethod
     def _durable(request, n_tokens: int) -> bool:
@@ -240,10 +247,11 @@ class ContinuousScheduler(SoloRow):
         other message ends and the prompt end stay in RAM (worth no disk write of their own)."""
         return bool(request.checkpoints) and n_tokens == min(request.checkpoints)
 
-    def _checkpointer(self, request):
+    def _checkpointer(self, request, row: Row):
         """on_checkpoint for the solo row, whose cache goes on being filled."""
         def store(tokens: list[int], cache: list) -> None:
-            self._store(tokens, cache, live=True, durable=self._durable(request, len(tokens)))
+            self._store(tokens, cache, live=True, durable=self._durable(request, len(tokens)),
+                        row=row)
 
         return store
 
@@ -292,7 +300,8 @@ class ContinuousScheduler(SoloRow):
                 self.counters.finished += 1
                 finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
                 continue
-            self._rows[uid] = Row(h, RowState.PREFILL, cached=cached)
+            self._rows[uid] = Row(h, RowState.PREFILL, cached=cached,
+                                  trusted=self.prefix.hit_chain if cached else frozenset())
 
     def _segments(self, prompt: list[int], cached: int,
                   checkpoints: tuple[int, ...]) -> list[list[int]]:

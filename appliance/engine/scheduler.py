@@ -38,6 +38,7 @@ class Row:
     accepted: int = 0  # draft tokens accepted (speculative decoding)
     rejected: int = 0  # draft tokens proposed and rejected
     emitted: list[int] = field(default_factory=list)  # delivered tokens (to resume the row)
+    trusted: frozenset = frozenset()  # prefix entries its KV holds bit for bit (RamTier.insert)
 
 
 @dataclass

@@ -44,9 +44,11 @@ class SoloRow:
             cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
             if cache is not None:  # (an entry a drafter's row stored holds its layers too)
                 cache = cache[:self._batch.model_layers]
+            row = Row(h, RowState.DECODE, cached=cached,
+                      trusted=self.prefix.hit_chain if cached else frozenset())
             decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
                               cached=cached, checkpoints=r.checkpoints,
-                              on_checkpoint=self._checkpointer(r) if self.prefix is not None
+                              on_checkpoint=self._checkpointer(r, row) if self.prefix is not None
                               else None, scheme=self.scheme)
         except Exception as e:  # e.g. an empty prompt: this request only
             self.budget.release(h.id)
@@ -56,7 +58,7 @@ class SoloRow:
             self.counters.finished += 1
             return finish(h, FinishReason.ERROR, 0, f"{type(e).__name__}: {e}")
         self.counters.prefill_seconds += time.perf_counter() - t
-        self._solo = (Row(h, RowState.DECODE, cached=cached), decoder)
+        self._solo = (row, decoder)
 
     def _solo_step(self) -> None:
         row, d = self._solo
@@ -117,5 +119,5 @@ class SoloRow:
         row, d = self._solo
         self._solo = None
         if self.prefix is not None and reason is not FinishReason.ERROR:
-            self._store(d.history, d.cache)  # the whole turn: the next one extends it
+            self._store(d.history, d.cache, row=row)  # the whole turn: the next extends it
         self._end_row(row, reason, error)
