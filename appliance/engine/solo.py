@@ -2,8 +2,9 @@
 generate_step's arithmetic, no batch padding or masks: as fast as mlx-lm's serial path).
 When a second request can be admitted, the solo row hands its cache, history and sampler
 to the batch and both continue batched. With a draft only where the control measured plain
-steps faster at one row (`Control.alone`): the solo path does not speculate, and its cache
-holds the model's layers only (a drafter's start empty when the row joins a batch).
+steps faster at one row (`Control.alone`; then the batch's last row comes back here too,
+`_take_back`) or the row is seeded: the solo path does not speculate, and its cache holds
+the model's layers only (a drafter's start empty when the row joins a batch).
 
 `SoloRow` is part of `ContinuousScheduler` (appliance/engine/continuous.py), kept apart so
 that file reads in one sitting; it uses the scheduler's state and helpers.
