@@ -1,5 +1,7 @@
 # For the next session (30th). Set up .device with device-setup.sh (beside this file), copy
-# this file, steptrace.py, t4.sh and d2.sh (all beside it) to devrun/, then four calls at once:
+# this file, ../../2026-12-04-h200-28th/scripts/steptrace.py, ../../2026-12-04-h200-27th/
+# scripts/d2.sh and ../../2026-12-03-h200-26th/scripts/t4.sh to devrun/ (what this session
+# ran, unchanged), then four calls at once:
 # stage.sh with .device/a, .device/c, .device/d; then, carrying .device/b and devrun:
 #   bash .device/b/install.sh && . /tmp/mlx-env && python3 -m pip install -q --no-index \
 #     --no-deps --upgrade --target /tmp/site .device/b/extra/*.whl; bash devrun/next-session.sh 1
