@@ -366,7 +366,7 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch, requ
     with draft=none."""
     from appliance.engine import prefill, rows, step, verify
     from appliance.engine.speculate import drafters
-    from appliance.engine.speculate.control import pass_width
+    from appliance.engine.speculate.shapes import pass_width
 
     name, model, tok = loaded
     if drafter == "mtp" and name == "tiny-gemma3":

@@ -20,7 +20,7 @@ from appliance.engine.kv.native import FullLayout
 from appliance.engine.kv.passes import causal, fusable, whole_buffers
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.speculate import WHOLE_BUFFER, Tapped
-from appliance.engine.speculate.control import pass_width
+from appliance.engine.speculate.shapes import pass_width
 from appliance.plan.derive import GRID  # a lone row's fused pass starts on it (CUDA)
 
 

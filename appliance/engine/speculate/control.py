@@ -1,8 +1,4 @@
-"""How many tokens each row proposes, and whether the batch speculates at all.
-
-Also the CUDA shape policy every multi-token pass follows (`WHOLE_BUFFER`), read by the
-verify pass (`appliance/engine/verify.py`), the step that sizes it and the drafters' feeds.
-"""
+"""How many tokens each row proposes, and whether the batch speculates at all."""
 
 from __future__ import annotations
 
@@ -11,25 +7,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from appliance.engine.kv.native import on_cuda
+from appliance.engine.speculate.shapes import WHOLE_BUFFER
 
-# Multi-token passes attend over whole KV buffers where MLX compiles per key length (CUDA).
-WHOLE_BUFFER = on_cuda()
 # Most plain steps run without asking for drafts after asking found none (`Control.found`):
 # on CUDA, where a step that asks loses its pipelining; not on CPU, where a step's compute
 # dwarfs that and waiting only missed drafts (edit bursts).
 IDLE_MAX = 4 if WHOLE_BUFFER else 0
-
-
-def pass_width(n: int) -> int:
-    """The tokens per row a multi-token pass of n feeds where shapes compile (CUDA), right-
-    padded: a power of two up to 256, then a multiple of 256. Every new (query length, key
-    length) pair builds new graphs on MLX's CUDA backend, 50-150 ms each on an H200, so a
-    pass whose width follows its content (a prefix hit's tail, a drafter catching up on the
-    tokens of its plain steps) paid that at nearly every call; these widths recur."""
-    if n <= 256:
-        return 1 << max(0, n - 1).bit_length()
-    return -(-n // 256) * 256
 
 
 @dataclass

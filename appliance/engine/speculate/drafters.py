@@ -14,7 +14,7 @@ import mlx.core as mx
 
 from appliance.engine.kv.native import drop_tails, empty
 from appliance.engine.kv.passes import whole_buffers
-from appliance.engine.speculate.control import WHOLE_BUFFER, pass_width
+from appliance.engine.speculate.shapes import WHOLE_BUFFER, pass_width
 
 # Most tokens a drafter catches up on at a proposal. A row that decoded plainly for longer
 # (the control chose plain steps: speculation lost there) restarts its drafter's KV from its
