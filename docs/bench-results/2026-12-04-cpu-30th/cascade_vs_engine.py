@@ -4,9 +4,9 @@ checkout with cascade-hack.patch applied (its `_split` takes the cascade when
 `cores._local.cascade` is set). usage: python cascade_vs_engine.py"""
 import time
 
-import appliance  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
+import appliance  # noqa: F401  (OpenBLAS before mlx)
 from appliance.engine.kv import cores
 
 cores.use(2)
