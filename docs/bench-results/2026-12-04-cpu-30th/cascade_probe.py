@@ -2,15 +2,16 @@
 step on this CPU: one layer's attention for B rows whose first S of L keys are the same
 (the agents' shared system prompt), fused (MLX's `mx.fast.scaled_dot_product_attention` over
 each row's whole KV; NOT the engine's CPU path, `kv/cores.py`, which is faster: see
-cascade_vs_engine.py and docs/benchmarks.md, 30th session) against the prefix's scores as one matmul per kv
-head over every row's queries, each row's own tail apart, merged by log-sum-exp. The embedded
-model's attention shape (4 query heads, 2 kv heads, head dim 64), float32. A probe, not the
-engine's code. usage: python cascade_probe.py"""
+cascade_vs_engine.py and docs/benchmarks.md, 30th session) against the prefix's scores as
+one matmul per kv head over every row's queries, each row's own tail apart, merged by
+log-sum-exp. The embedded model's attention shape (4 query heads, 2 kv heads, head dim 64),
+float32. A probe, not the engine's code. usage: python cascade_probe.py"""
 import time
 
-import mlx.core as mx
-
+# isort: off
 import appliance  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+# isort: on
 
 H, KVH, D, S, OWN = 4, 2, 64, 1536, 664
 G = H // KVH

@@ -4,14 +4,15 @@ checkout with cascade-hack.patch applied (its `_split` takes the cascade when
 `cores._local.cascade` is set). usage: python cascade_vs_engine.py"""
 import time
 
-import mlx.core as mx
-
+# isort: off
 import appliance  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+# isort: on
 from appliance.engine.kv import cores
 
 cores.use(2)
 H, KVH, D, S = 4, 2, 64, 1536
-for B, own in ((4, 664), (8, 664), (16, 664)):
+def case(B: int, own: int = 664) -> None:
     T, pads = S + own, [0] * B
     k, v = mx.random.normal((B, KVH, T, D)), mx.random.normal((B, KVH, T, D))
     q, mask = mx.random.normal((B, H, 1, D)), mx.ones((B, 1, 1, T), dtype=mx.bool_)
@@ -36,3 +37,7 @@ for B, own in ((4, 664), (8, 664), (16, 664)):
             mx.eval(f())
         t.setdefault(f.__name__, []).append((time.perf_counter() - t0) * 10)
     print(B, {n: round(min(x), 3) for n, x in t.items()}, "ms a layer")
+
+
+for b in (4, 8, 16):
+    case(b)
