@@ -23,7 +23,7 @@ from appliance.engine.kv.affine import AffineCodec
 from appliance.engine.kv.native import FullLayout
 from appliance.engine.kv.turboquant import TurboCodec
 from appliance.engine.prefix_cache import PrefixCache, RamTier
-from appliance.engine.speculate import Control, LookupDrafter, ModelDrafter, MTPDrafter
+from appliance.engine.speculate import Control, LookupDrafter, ModelDrafter, MTPDrafter, Tapped
 from appliance.models.mtp import MTPHead
 
 # (prompt tokens, max tokens): long enough outputs that lookups find their n-grams, and
@@ -219,6 +219,25 @@ def test_solo_steps_bring_the_next_probe_at_one_row_due():
         solo += 1
     assert 0 < solo < 64
     assert c.speculate(1) is True  # the next lone row runs batched, and probes
+
+
+def test_the_control_rests_where_plain_steps_won_until_its_probe_is_near():
+    """`resting(rows, ahead)`: plain steps won at this batch size and the next probe is more
+    than `ahead` steps away; never before a decision, nor for a control that is not
+    adaptive."""
+    assert not Control(3).resting(1, 4)  # nothing measured yet
+    assert not Control(3, adaptive=False).resting(1, 4)
+    c = _plain_won_at_one_row(Control(3), 0.010)
+    rested = 0  # (asked after each step's decision, as the engine asks)
+    while rested < 10_000:
+        assert c.speculate(1) is False
+        if not c.resting(1, 4):
+            break
+        rested += 1
+    assert 0 < rested < 10_000
+    # that step and the next three are plain and tapped (`ahead` in all), then the probe
+    assert [c.speculate(1) for _ in range(3)] == [False] * 3
+    assert c.speculate(1) is True
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "model", "mtp"])
@@ -457,8 +476,9 @@ def test_an_mtp_drafters_plain_steps_are_logged_and_applied_as_each_row_is_read(
     """A plain step costs the MTP drafter one append to a log (a loop over the rows cost
     ~90 us of a 3-5 ms step at B=16 on an H200); a row's pairs take the logged steps when
     the row is read. Against pairs updated at every step (`add`, `trim`), over rows that
-    join, leave, are read, add pairs of their own (as `settle` does) and miss steps that
-    fell off the log: the same tokens, hidden states, carried state and restarts."""
+    join, leave, are read, add pairs of their own (as `settle` does), miss steps that
+    fell off the log, or ran untapped (`skip`): the same tokens, hidden states, carried
+    state and restarts."""
     import random
 
     from appliance.engine.speculate.drafters import LAG_MAX, MTPDrafter, _Pairs
@@ -484,7 +504,11 @@ def test_an_mtp_drafters_plain_steps_are_logged_and_applied_as_each_row_is_read(
         hidden = mx.random.normal((len(uids), 1, 4))
         toks = [[rng.randrange(100)] for _ in uids]
         # long plain stretches (rows miss steps that fall off the log), then busy reads
-        if step % 200 < 120 and rng.random() < 0.97:
+        if step % 200 < 120 and rng.random() < 0.05:  # an untapped step (the control
+            d.skip(uids)  # rests): the rows' pairs go, and their heads restart
+            for u in uids:
+                ref[u] = _Pairs(restart=True)
+        elif step % 200 < 120 and rng.random() < 0.97:
             d.observe(uids, toks, hidden, decoding=True, step=True)
             for i, u in enumerate(uids):
                 ref[u].add(toks[i], hidden, i, skip_first=False)
@@ -540,6 +564,51 @@ def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, m
     spec, s = run(model, tok, "dynamic", (d, EveryFourth(3, adaptive=False)))
     assert s._batch.spec_ticks > 0 and restarts and not rows_rolled
     assert any(emptied)
+    for r in plain:
+        assert spec[r].tokens == plain[r].tokens, (name, r)
+
+
+def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loaded,
+                                                                            monkeypatch):
+    """Where the control rests (`Control.resting`), an MTP engine's plain steps run the
+    model without keeping its hidden states, and the head's rows restart from the tapped
+    steps after them (an H200 read mtp's plain steps at B=16 0.94-0.97x draft=none's).
+    Resting half the steps, speculating two in twelve: draft=none's tokens, untapped steps
+    ran, and the head proposed after them."""
+    from appliance.engine.speculate import drafters
+
+    name, model, tok = loaded
+    if name == "tiny-gemma3":
+        pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
+    plain, _ = run(model, tok, "dynamic")
+
+    class Stretches(Control):
+        n = 0
+
+        def speculate(self, rows, settled=True, left=None):
+            self.n += 1
+            return self.n % 12 in (10, 11)
+
+        def resting(self, rows, ahead):
+            return self.n % 12 < 6
+
+    skipped, proposed = [], []
+    real_skip, real_propose = drafters.MTPDrafter.skip, drafters.MTPDrafter.propose
+
+    def propose(self, batch, pend, ks):
+        out = real_propose(self, batch, pend, ks)
+        if skipped and any(out[0]):
+            proposed.append(len(skipped))  # (after an untapped step)
+        return out
+
+    monkeypatch.setattr(drafters.MTPDrafter, "skip",
+                        lambda self, uids: skipped.append(1) or real_skip(self, uids))
+    monkeypatch.setattr(drafters.MTPDrafter, "propose", propose)
+    d = MTPDrafter(MTPHead.for_model(model), model, 16)
+    spec, s = run(model, tok, "dynamic", (d, Stretches(3, adaptive=False)))
+    step = s._batch
+    assert step._bare is model and isinstance(step.model, Tapped)
+    assert skipped and proposed and step.spec_ticks > 0
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, (name, r)
 

@@ -39,6 +39,7 @@ from appliance.engine.prefill import Prefill, PromptEvent, observe
 from appliance.engine.rows import _Decoding
 from appliance.engine.sampling import SeededSampler
 from appliance.engine.speculate import WHOLE_BUFFER, Control, DraftCounts, LookupDrafter, Tapped
+from appliance.engine.speculate.drafters import LAG_MAX
 from appliance.engine.speculate.lookup import Shadow
 
 # Propose before reading the pending tokens where reading them stalls a pipeline that pays:
@@ -108,9 +109,10 @@ class BatchStep:
         self.drafter, self.control = drafter, control
         self._compiled = compiled
         self.model_layers = len(self.scheme.make_cache(model))  # a row cache's model layers
+        self._bare = None  # the untapped model, for plain steps while the control rests
         if getattr(drafter, "needs_hidden", False):
-            self.model = Tapped(model)  # the same arithmetic, keeping the hidden states
-            self._compiled = None  # (the drafter reads them: the traced step has none)
+            self.model, self._bare = Tapped(model), model  # the same arithmetic, keeping
+            self._compiled = None  # the hidden states (the traced step has none)
         self._verify_compiled = CompiledDecode(self.model) \
             if compile_verify and drafter is not None else None
         self._prefill = Prefill(self.model, self.scheme, prefill_chunk, drafter)
@@ -214,8 +216,12 @@ class BatchStep:
         emitted = self._speculate() if self.drafter is not None else None
         spec = emitted is not None
         if not spec:
-            toks, logprobs = d.step(self.model, self._compiled)
-            self._observe(d.uids, [[t] for t in toks], step=True)
+            rest = self._bare is not None and self.control.resting(rows, LAG_MAX + 1)
+            toks, logprobs = d.step(self._bare if rest else self.model, self._compiled)
+            if rest:
+                self.drafter.skip(d.uids)
+            else:
+                self._observe(d.uids, [[t] for t in toks], step=True)
             if self._shadow is not None:
                 for uid, _, n in self._shadow.step(d.uids, d.tokens, self.control.waits_on):
                     self.control.emitted(uid, n)

@@ -315,6 +315,17 @@ class Control:
         return self.adaptive and m is not None and m.winner is False \
             and self._ticks.get(1, 0) + 1 < m.probe_at
 
+    def resting(self, rows: int, ahead: int) -> bool:
+        """Whether plain steps won at this batch size and its next probe is more than
+        `ahead` steps away: an MTP engine's plain steps then skip the hidden states its head
+        would read (an H200 read mtp's plain steps at B=16 0.94-0.97x draft=none's), and
+        tap again `ahead` steps before the probe, which then finds the pairs it would have
+        kept anyway (the last LAG_MAX: `drafters.MTPDrafter.skip`)."""
+        b = rows if self.drift else _bucket(rows)
+        m = self._modes.get(b)
+        return self.adaptive and m is not None and m.winner is False \
+            and self._ticks.get(b, 0) + ahead < m.probe_at
+
     def alone_step(self) -> None:
         """A lone row's unbatched step: one plain step at one row, short of the probe."""
         m = self._modes.get(1)

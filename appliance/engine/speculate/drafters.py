@@ -323,6 +323,14 @@ class MTPDrafter(_Sampled):
             if decoding:
                 r.trim(LAG_MAX)
 
+    def skip(self, uids: list[int]) -> None:
+        """A plain step ran untapped for these rows (the control rests: `Control.resting`):
+        their waiting pairs go, and the head restarts from the tapped steps after it, as
+        when more than LAG_MAX pairs wait. The log goes too: its steps end before the gap."""
+        self._n += 1
+        self._log.clear()
+        self._lost.update(u for u in uids if u is not None)
+
     def prefill(self, batch, chunks: list[list[int]]) -> None:
         """The model prefilled `chunks` (observed already): the head takes their pairs now,
         as the model's prefill runs, so a row's first proposal does not pay for them."""
