@@ -477,8 +477,8 @@ def test_an_mtp_drafters_plain_steps_are_logged_and_applied_as_each_row_is_read(
     ~90 us of a 3-5 ms step at B=16 on an H200); a row's pairs take the logged steps when
     the row is read. Against pairs updated at every step (`add`, `trim`), over rows that
     join, leave, are read, add pairs of their own (as `settle` does), miss steps that
-    fell off the log, or ran untapped (`skip`): the same tokens, hidden states, carried
-    state and restarts."""
+    fell off the log, or ran untapped (`skip`, `drop`): the same tokens, hidden states,
+    carried state and restarts."""
     import random
 
     from appliance.engine.speculate.drafters import LAG_MAX, MTPDrafter, _Pairs
@@ -508,6 +508,10 @@ def test_an_mtp_drafters_plain_steps_are_logged_and_applied_as_each_row_is_read(
             d.skip(uids)  # rests): the rows' pairs go, and their heads restart
             for u in uids:
                 ref[u] = _Pairs(restart=True)
+        elif rng.random() < 0.02:  # a row's untapped prefill pass (`drop`): the same
+            u = rng.choice(uids)  # for that row alone
+            d.drop([u])
+            ref[u] = _Pairs(restart=True)
         elif step % 200 < 120 and rng.random() < 0.97:
             d.observe(uids, toks, hidden, decoding=True, step=True)
             for i, u in enumerate(uids):
@@ -570,11 +574,12 @@ def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, m
 
 def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loaded,
                                                                             monkeypatch):
-    """Where the control rests (`Control.resting`), an MTP engine's plain steps run the
-    model without keeping its hidden states, and the head's rows restart from the tapped
-    steps after them (an H200 read mtp's plain steps at B=16 0.94-0.97x draft=none's).
-    Resting half the steps, speculating two in twelve: draft=none's tokens, untapped steps
-    ran, and the head proposed after them."""
+    """Where the control rests (`Control.resting`), an MTP engine's plain steps and prefill
+    passes run the model without keeping its hidden states, and the head's rows restart
+    from the tapped steps after them (an H200 read mtp's plain steps at B=16 0.94-0.97x
+    draft=none's; a 2-core CPU a tapped prefill pass at 1.12-1.27x). Resting half the
+    steps, speculating two in twelve: draft=none's tokens, untapped steps and prefill
+    passes ran, and the head proposed after them."""
     from appliance.engine.speculate import drafters
 
     name, model, tok = loaded
@@ -592,8 +597,9 @@ def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loa
         def resting(self, rows, ahead):
             return self.n % 12 < 6
 
-    skipped, proposed = [], []
+    skipped, proposed, dropped = [], [], []
     real_skip, real_propose = drafters.MTPDrafter.skip, drafters.MTPDrafter.propose
+    real_drop = drafters.MTPDrafter.drop
 
     def propose(self, batch, pend, ks):
         out = real_propose(self, batch, pend, ks)
@@ -604,11 +610,13 @@ def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loa
     monkeypatch.setattr(drafters.MTPDrafter, "skip",
                         lambda self, uids: skipped.append(1) or real_skip(self, uids))
     monkeypatch.setattr(drafters.MTPDrafter, "propose", propose)
+    monkeypatch.setattr(drafters.MTPDrafter, "drop",
+                        lambda self, uids: dropped.append(uids) or real_drop(self, uids))
     d = MTPDrafter(MTPHead.for_model(model), model, 16)
     spec, s = run(model, tok, "dynamic", (d, Stretches(3, adaptive=False)))
     step = s._batch
     assert step._bare is model and isinstance(step.model, Tapped)
-    assert skipped and proposed and step.spec_ticks > 0
+    assert skipped and proposed and dropped and step.spec_ticks > 0
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, (name, r)
 

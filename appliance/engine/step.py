@@ -189,7 +189,9 @@ class BatchStep:
             prompt_events += [PromptEvent(u, True, True) for u in self._decode.uids[-len(ready):]]
         chunks, cut = self._prefill.cut()
         prompt_events += cut
-        self._prefill.run(chunks)
+        # (an MTP head would drop these rows' prompt pairs before it next speculates)
+        self._prefill.run(chunks, untapped=self._bare is not None and self.control.resting(
+            self._decode.live + len(self._prefill), LAG_MAX + 1))
         self._quiet = not (n > 0 or ready or any(chunks))  # the next step's time is its own
         return prompt_events, events
 

@@ -331,6 +331,13 @@ class MTPDrafter(_Sampled):
         self._log.clear()
         self._lost.update(u for u in uids if u is not None)
 
+    def drop(self, uids: list[int]) -> None:
+        """The model prefilled these rows untapped (the control rests): their pairs go, and
+        the head restarts from their next ones."""
+        for uid in uids:
+            r = self._row(uid)
+            r.spans, r.tokens, r.carry, r.restart = [], [], None, True
+
     def prefill(self, batch, chunks: list[list[int]]) -> None:
         """The model prefilled `chunks` (observed already): the head takes their pairs now,
         as the model's prefill runs, so a row's first proposal does not pay for them."""
