@@ -1,10 +1,10 @@
-# For the next session (32nd). Set up .device with ../../2026-12-04-h200-30th/scripts/device-setup.sh,
-# copy this folder's files (noclear/ too) and ../../2026-12-04-h200-27th/scripts/d2.sh and
+# For the next session (32nd). Set up .device with device-setup.sh (beside this file: the
+# extra wheels now go with c and d, so every call stays under 64 MiB), copy this folder's
+# files (noclear/ too) and ../../2026-12-04-h200-27th/scripts/d2.sh and
 # ../../2026-12-03-h200-26th/scripts/t4.sh to devrun/, then calls at once: stage.sh with
 # .device/a, .device/c, .device/d; then, carrying .device/b and devrun:
 #   bash .device/b/install.sh && . /tmp/mlx-env && bash devrun/next-session.sh 1
 # then `. /tmp/mlx-env && bash devrun/next-session.sh 2|3`, each at once after the last.
-# If the working tree is over 64 MiB with .device/b, git-ignore large new result folders.
 date -u +%H:%M:%S
 A="import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()"
 M8="model=synthetic model.shape=llama-3-8b model.bits=4 bench.agents=16 bench.turns=4 bench.progress=false"
@@ -21,6 +21,10 @@ case $1 in
       done
     done ;;
 2)  RUNS="8b:1 8b:2 1b:1" timeout 590 bash devrun/d2.sh ;;
-3)  timeout 400 bash devrun/t4.sh "mtp model" ;;  # issue 12 item 9: B=16 after f7b8892
+3)  # issue 12: the 31st session's two engine tests on CUDA (their first run there ran out
+    # of lease), then B=16 after f7b8892 (mtp's plain steps untapped while its control rests)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -n 0 tests/test_speculation.py \
+      -k "untapped or rests_where or logged_and_applied" 2>&1 | tail -2
+    timeout 400 bash devrun/t4.sh "mtp model" ;;
 esac
 date -u +%H:%M:%S
