@@ -248,8 +248,9 @@ def test_a_lone_rows_pass_runs_past_its_checkpoints(loaded, monkeypatch):
     s, busy, req = _two_rows(model, tok)
     passes = []
     run = Prefill.run
-    monkeypatch.setattr(Prefill, "run", lambda self, chunks: (
-        passes.append([len(c) for c in chunks]) if any(chunks) else None, run(self, chunks))[1])
+    monkeypatch.setattr(Prefill, "run", lambda self, chunks, **kw: (
+        passes.append([len(c) for c in chunks]) if any(chunks) else None,
+        run(self, chunks, **kw))[1])
     rows = {"busy": Collector(busy), "r": Collector(req)}
     drive(s, [(0, "insert", "busy"), (3, "insert", "r")], rows)
     own = [p for p in passes if p != [20]]
