@@ -317,10 +317,10 @@ class Control:
 
     def resting(self, rows: int, ahead: int) -> bool:
         """Whether plain steps won at this batch size and its next probe is more than
-        `ahead` steps away: an MTP engine's plain steps then skip the hidden states its head
-        would read (an H200 read mtp's plain steps at B=16 0.94-0.97x draft=none's), and
-        tap again `ahead` steps before the probe, which then finds the pairs it would have
-        kept anyway (the last LAG_MAX: `drafters.MTPDrafter.skip`)."""
+        `ahead` steps away: an MTP engine's plain steps and prefill passes then skip the
+        hidden states its head would read (an H200 read mtp's plain steps at B=16
+        0.94-0.97x draft=none's), and tap again `ahead` steps before the probe, which then
+        finds the pairs it would have kept anyway (the last LAG_MAX: `MTPDrafter.skip`)."""
         b = rows if self.drift else _bucket(rows)
         m = self._modes.get(b)
         return self.adaptive and m is not None and m.winner is False \
