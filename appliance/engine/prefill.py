@@ -133,13 +133,18 @@ class Prefill:
         return chunks, events
 
     def lone_native(self) -> bool:
-        """One row prefilling, every layer a native full-attention layout without holes,
-        and nothing beside the model (a drafter's layers or hidden states): its pass may
-        run past checkpoints, and on CUDA start on the grid (`_grid_pass`)."""
-        return (len(self.batch) == 1 and not self.batch.extra
-                and not isinstance(self.model, Tapped)
-                and all(type(c) is FullLayout and c._holes is None
-                        for c in self.batch.layers))
+        """One row prefilling, every model layer a native full-attention layout without
+        holes: its pass may run past checkpoints, each sliced from the model's layers
+        afterwards (`BatchStep.extract`; a drafter's layers stay out of such an entry, and
+        a hit on it starts the drafter empty, as a solo row's entry does)."""
+        return len(self.batch) == 1 and all(type(c) is FullLayout and c._holes is None
+                                            for c in self.batch.layers)
+
+    def _grid_fits(self) -> bool:
+        """A lone native row with nothing beside the model (a drafter's layers or hidden
+        states): on CUDA its pass starts on the grid (`_grid_pass`)."""
+        return (self.lone_native() and not self.batch.extra
+                and not isinstance(self.model, Tapped))
 
     def run(self, chunks: list[list[int]], untapped: bool = False) -> None:
         """Run one chunk per row (right-padded when uneven, then re-aligned). `untapped`:
@@ -152,7 +157,7 @@ class Prefill:
             row += c
         lengths = [len(c) for c in chunks]
         fused = WHOLE_BUFFER and fusable(self.batch.layers, len(self.batch))
-        if fused and self.lone_native():
+        if fused and self._grid_fits():
             self._grid_pass(chunks[0])
         else:
             self._padded_pass(chunks, lengths, fused, untapped and isinstance(self.model, Tapped))
