@@ -13,7 +13,9 @@ row (prefill chunks: a 512-token chunk over 2k keys took 815-860 ms a forward, 6
 split; with the vectorized softmax, paired medians 0.85-0.94x split for 256-512 tokens), of
 at least MIN_SCORES scores each. In between, the score matmuls are multi-threaded BLAS GEMMs
 too small to pay for two at once oversubscribing the cores (16 tokens over 2k keys: 30 ms a
-forward, 43-55 ms split; 128 tokens: about even); below MIN_SCORES the streams'
+forward, 43-55 ms split; 128 tokens: about even on the EPYC; on an Intel Xeon VM over 1.8k
+keys, split against not: 64 tokens 1.22x, 96 0.95x, 128 0.91-0.93x, 160-192 0.90-0.93x,
+224-256 0.86x, docs/benchmarks.md, 31st session); below MIN_SCORES the streams'
 synchronisation costs more than it saves.
 
 The softmax: MLX's CPU attention is its own ops (scores, mask, `softmax`, values), and its
@@ -42,7 +44,7 @@ import mlx.core as mx
 from appliance import _mlx_env
 
 MIN_SCORES = 16384  # batch x query heads x query tokens x keys; break-even ~8k on the EPYC
-MIN_PREFILL = 256  # query tokens a row
+MIN_PREFILL = 128  # query tokens a row (an agent turn's tail is often 128-255 tokens)
 _local = threading.local()  # .streams: [None (the caller's stream), *extra], .pool
 _fused = getattr(mx.fast.scaled_dot_product_attention, "__wrapped__",
                  mx.fast.scaled_dot_product_attention)
