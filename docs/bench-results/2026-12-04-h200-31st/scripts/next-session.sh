@@ -23,8 +23,10 @@ case $1 in
 2)  RUNS="8b:1 8b:2 1b:1" timeout 590 bash devrun/d2.sh ;;
 3)  # issue 12: the 31st session's two engine tests on CUDA (their first run there ran out
     # of lease), then B=16 after f7b8892 (mtp's plain steps untapped while its control rests)
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -n 0 tests/test_speculation.py \
-      -k "untapped or rests_where or logged_and_applied" 2>&1 | tail -2
+    # and a drafter's lone prefilling row past its checkpoints (af4f00d)
+    timeout 180 python3 -m pytest -q -p no:cacheprovider -n 0 tests/test_speculation.py \
+      tests/test_prefix_cache.py -k "untapped or rests_where or logged_and_applied or \
+      lone_rows_pass_runs" 2>&1 | tail -3
     timeout 400 bash devrun/t4.sh "mtp model" ;;
 esac
 date -u +%H:%M:%S
