@@ -311,9 +311,7 @@ class Control:
         ~840 tok/s against ~1050 solo, so mtp and model, pausing rightly, read 0.79-0.80x
         draft=none at B=1 (29th session). Solo steps count towards the probe (`alone_step`),
         and the first lone row after it runs batched again, and probes."""
-        m = self._modes.get(1)
-        return self.adaptive and m is not None and m.winner is False \
-            and self._ticks.get(1, 0) + 1 < m.probe_at
+        return self.resting(1, 1)
 
     def resting(self, rows: int, ahead: int) -> bool:
         """Whether plain steps won at this batch size and its next probe is more than

@@ -240,6 +240,10 @@ class _Pairs:
         while held - _span_len(self.spans[0]) >= keep:
             held -= _span_len(self.spans.pop(0))
 
+    def drop(self) -> None:
+        """Every waiting pair goes, and the carried state: the head restarts from the next."""
+        self.spans, self.tokens, self.carry, self.restart = [], [], None, True
+
     def hidden(self) -> mx.array | None:
         """The waiting pairs' hidden states [n, H], one slice per span."""
         if not self.tokens:
@@ -291,7 +295,7 @@ class MTPDrafter(_Sampled):
             if uid in self._lost:  # it missed a step: only the logged ones' pairs count
                 # (it was in every one, so `trim` would have kept only those anyway)
                 self._lost.discard(uid)
-                r.spans, r.tokens, r.carry, r.restart = [], [], None, True
+                r.drop()
             for n, hidden, uids, toks in self._log:
                 if n > r.seen and uid in uids:
                     i = uids.index(uid)
@@ -335,8 +339,7 @@ class MTPDrafter(_Sampled):
         """The model prefilled these rows untapped (the control rests): their pairs go, and
         the head restarts from their next ones."""
         for uid in uids:
-            r = self._row(uid)
-            r.spans, r.tokens, r.carry, r.restart = [], [], None, True
+            self._row(uid).drop()
 
     def prefill(self, batch, chunks: list[list[int]]) -> None:
         """The model prefilled `chunks` (observed already): the head takes their pairs now,
