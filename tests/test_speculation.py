@@ -612,11 +612,21 @@ def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loa
     monkeypatch.setattr(drafters.MTPDrafter, "propose", propose)
     monkeypatch.setattr(drafters.MTPDrafter, "drop",
                         lambda self, uids: dropped.append(uids) or real_drop(self, uids))
+    bare, real_call = [], type(model).__call__  # (a Tapped pass calls the inner model only)
+    monkeypatch.setattr(type(model), "__call__",
+                        lambda self, *a, **k: bare.append(a[0].shape) or real_call(self, *a, **k))
+    from appliance.engine import rows as rows_mod
+
+    stepped, real_step = [], rows_mod._Decoding.step  # which model each decode step ran
+    monkeypatch.setattr(rows_mod._Decoding, "step", lambda self, m, *a: stepped.append(
+        isinstance(m, Tapped)) or real_step(self, m, *a))
     d = MTPDrafter(MTPHead.for_model(model), model, 16)
     spec, s = run(model, tok, "dynamic", (d, Stretches(3, adaptive=False)))
     step = s._batch
     assert step._bare is model and isinstance(step.model, Tapped)
     assert skipped and proposed and dropped and step.spec_ticks > 0
+    # the untapped steps and prefill passes ran the model itself, the others tapped
+    assert not all(stepped) and any(stepped) and any(sh[1] > 1 for sh in bare)
     for r in plain:
         assert spec[r].tokens == plain[r].tokens, (name, r)
 
