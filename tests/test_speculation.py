@@ -221,20 +221,22 @@ def test_solo_steps_bring_the_next_probe_at_one_row_due():
     assert c.speculate(1) is True  # the next lone row runs batched, and probes
 
 
-def test_the_control_rests_where_plain_steps_won_until_its_probe_is_near():
+@pytest.mark.parametrize("drift", [True, False], ids=["cpu-policy", "cuda-policy"])
+def test_the_control_rests_where_plain_steps_won_until_its_probe_is_near(drift):
     """`resting(rows, ahead)`: plain steps won at this batch size and the next probe is more
     than `ahead` steps away; never before a decision, nor for a control that is not
-    adaptive."""
-    assert not Control(3).resting(1, 4)  # nothing measured yet
-    assert not Control(3, adaptive=False).resting(1, 4)
-    c = _plain_won_at_one_row(Control(3), 0.010)
+    adaptive. Under both devices' policies: CUDA's (`drift=False`) puts a hopeless loss's
+    next probe ~19,000 steps away, the CPU's ~1,200 (a 10,000-step bound failed on CUDA)."""
+    assert not Control(3, drift=drift).resting(1, 4)  # nothing measured yet
+    assert not Control(3, adaptive=False, drift=drift).resting(1, 4)
+    c = _plain_won_at_one_row(Control(3, drift=drift), 0.010)
     rested = 0  # (asked after each step's decision, as the engine asks)
-    while rested < 10_000:
+    while rested < 100_000:
         assert c.speculate(1) is False
         if not c.resting(1, 4):
             break
         rested += 1
-    assert 0 < rested < 10_000
+    assert 0 < rested < 100_000
     # that step and the next three are plain and tapped (`ahead` in all), then the probe
     assert [c.speculate(1) for _ in range(3)] == [False] * 3
     assert c.speculate(1) is True
