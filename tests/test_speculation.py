@@ -242,6 +242,25 @@ def test_the_control_rests_where_plain_steps_won_until_its_probe_is_near(drift):
     assert c.speculate(1) is True
 
 
+@pytest.mark.parametrize("drift", [True, False], ids=["cpu-policy", "cuda-policy"])
+def test_a_decision_carried_from_another_batch_size_rests_as_long_as_that_ones(drift):
+    """Speculation lost at one row (measured); at three rows, never measured, it loses too
+    (it lost at fewer rows), and rests until a probe as far off as one row's next, not
+    `explore_every` (32) steps, which is never more than `ahead` (LAG_MAX + 1) away: an
+    MTP engine under a CPU agents load stayed tapped at every row count it had not
+    measured itself (2-7 rows: 155 tapped plain steps, 91 of 102 prefill passes)."""
+    c = _plain_won_at_one_row(Control(3, drift=drift), 0.010)
+    gap = c._modes[1].gap
+    assert gap > 1000  # (lost by ~5x: its next probe is far)
+    rested = 0
+    while rested < 2 * gap:
+        assert c.speculate(3) is False
+        if not c.resting(3, 32):
+            break
+        rested += 1
+    assert gap - 64 <= rested < gap
+
+
 @pytest.mark.parametrize("drafter", ["lookup", "model", "mtp"])
 def test_a_lone_row_runs_solo_where_plain_steps_won_at_one_row(loaded, drafter, request):
     """With a draft, a lone row decodes unbatched once the control has measured plain steps
@@ -308,7 +327,8 @@ def test_a_finished_rows_kv_is_copied_out_only_for_a_prefix_cache(monkeypatch):
 
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
     copied, real = [], _Decoding.extract
-    monkeypatch.setattr(_Decoding, "extract", lambda self, i: copied.append(i) or real(self, i))
+    monkeypatch.setattr(_Decoding, "extract",
+                        lambda self, i, *a: copied.append(i) or real(self, i, *a))
     plain, _ = run(model, tok, "static-4", lookup())
     assert not copied
     kept, _ = run(model, tok, "static-4", lookup(), prefix=PrefixCache(ram=RamTier(1 << 30)))

@@ -62,8 +62,9 @@ class _Batch:
         for name in ROW_LISTS:
             setattr(self, name, [getattr(self, name)[i] for i in keep])
 
-    def extract(self, i: int) -> list:
-        return [c.extract(i) for c in self.layers + self.extra]
+    def extract(self, i: int, layers: int | None = None) -> list:
+        """A copy of row `i`'s cache: its first `layers` layers (None: every one)."""
+        return [c.extract(i) for c in (self.layers + self.extra)[:layers]]
 
     @property
     def nbytes(self) -> int:

@@ -109,6 +109,8 @@ class BatchStep:
         self.drafter, self.control = drafter, control
         self._compiled = compiled
         self.model_layers = len(self.scheme.make_cache(model))  # a row cache's model layers
+        # the layers a row's prefix-cache entry keeps: the model's, and a draft model's
+        self.entry_layers = None if getattr(drafter, "in_entries", True) else self.model_layers
         self._bare = None  # the untapped model, for plain steps while the control rests
         if getattr(drafter, "needs_hidden", False):
             self.model, self._bare = Tapped(model), model  # the same arithmetic, keeping
@@ -239,7 +241,7 @@ class BatchStep:
                 if tok in self.stop_tokens:
                     reason = "stop"
                 if reason is not None:
-                    kv = d.extract(i) if self.keep_finished else None
+                    kv = d.extract(i, self.entry_layers) if self.keep_finished else None
                     events.append(TokenEvent(uid, tok, lp, reason, kv, d.tokens[i]))
                     break
                 events.append(TokenEvent(uid, tok, lp, None))
@@ -365,7 +367,7 @@ class BatchStep:
             return s.cache, s.tokens
         batch = self._decode if stage == "decode" else self._prefill.batch
         if upto is None or upto == len(batch.tokens[i]):
-            return batch.extract(i), batch.tokens[i]
+            return batch.extract(i, self.entry_layers), batch.tokens[i]
         return [c.extract(i, upto) for c in batch.layers], batch.tokens[i][:upto]
 
     def take_alone(self) -> tuple | None:

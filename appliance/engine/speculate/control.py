@@ -207,16 +207,21 @@ class Control:
         r.gain = tokens if r.gain is None else (1 - ROW_ALPHA) * r.gain + ROW_ALPHA * tokens
 
     def _winner(self, b: int) -> bool | None:
-        own = self._measured(b)
-        if own is not None:
-            return own
+        source = self._source(b)
+        return None if source is None else self._measured(source)
+
+    def _source(self, b: int) -> int | None:
+        """The batch size whose measurement decides bucket `b`: `b` itself once measured,
+        else a neighbour's that carries (see the class docstring); None if none does."""
+        if self._measured(b) is not None:
+            return b
         for other in sorted(self._gain, key=lambda o: abs(o - b)):
             won = self._measured(other)
             near = self.drift and abs(other - b) <= _near(b)
             if won is not None and (near or other <= b and not won
                                     or other >= b and won
                                     or not won and 2 * b >= other and self._hopeless(other)):
-                return won
+                return other
         return None
 
     def _hopeless(self, b: int) -> bool:
@@ -367,6 +372,13 @@ class Control:
         """The gap before the slower mode's next probe, and the most it may grow to
         (`LONGEST` times the first). Only where a decision is made, not every step."""
         first = self._first_gap(b, winner)
+        source = self._source(b)
+        if source is not None and source != b and source in self._modes:
+            # A decision carried from another batch size backs off as that one's does: its
+            # own first gap (`explore_every`, nothing measured here) kept an MTP engine
+            # tapped there, within LAG_MAX of a probe, wherever a CPU agents run's row
+            # count wandered (2-7 rows: 155 tapped plain steps and every prefill pass).
+            first = max(first, self._modes[source].gap)
         longest = LONGEST * first
         if not self.drift and not winner and self._secs(b, True) and self._secs(b, False) \
                 and self._hopeless(b):
