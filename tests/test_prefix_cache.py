@@ -296,23 +296,27 @@ def test_a_lone_rows_pass_runs_past_its_checkpoints(loaded, monkeypatch, draft):
     s.prefix.check_integrity()
 
 
-def test_an_mtp_rows_entries_hold_the_models_layers_and_extend_as_deltas(loaded, monkeypatch):
-    """An MTP engine's rows store the model's layers only: the head's layer holds a pair a
-    token, one fewer than the row, so an entry with it was never a delta over its parent (a
-    CPU agents run stored 1.17 GB whole against draft=none's 0.17 GB as deltas). A row's next
-    turn, a hit on its last, is stored as a delta with no bit-for-bit comparison (its
-    model's layers are built on the hit, whatever the head did), and reads draft=none's
-    tokens, speculating every step (the head starts empty after the hit)."""
+@pytest.mark.parametrize("draft", ["mtp", "model"])
+def test_a_drafter_rows_entries_hold_the_models_layers_and_extend_as_deltas(loaded, draft,
+                                                                           monkeypatch):
+    """A drafter's rows store the model's layers only: a draft model's KV lags while its row
+    decodes plainly and an MTP head's holds a pair a token, so an entry with them was never a
+    delta over its parent (a CPU agents run stored 1.1 GB whole with either, against
+    draft=none's 0.17 GB as deltas). A row's next turn, a hit on its last, is stored as a
+    delta with no bit-for-bit comparison (its model layers are built on the hit, whatever
+    the drafter did), and reads draft=none's tokens, speculating every step (the drafter
+    starts empty after the hit)."""
     import mlx.core as mx
 
-    from appliance.engine.speculate import Control, MTPDrafter
+    from appliance.engine.speculate import Control, ModelDrafter, MTPDrafter
     from appliance.models.mtp import MTPHead
 
     name, model, tok = loaded
-    if name == "tiny-gemma3":
+    if draft == "mtp" and name == "tiny-gemma3":
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     mx.random.seed(0)
-    drafter = MTPDrafter(MTPHead.for_model(model), model, 16)
+    drafter = (MTPDrafter(MTPHead.for_model(model), model, 16) if draft == "mtp" else
+               ModelDrafter(oracle.load(oracle.model_path("tiny-llama"), "float32")[0], 16))
     s = ContinuousScheduler(model, set(tok.eos_token_ids), 4, 32,
                             Budget(1 << 40, KVShape(1, 0, 0, 0)),
                             prefix=PrefixCache(ram=RamTier(1 << 30)), drafter=drafter,

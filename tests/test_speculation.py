@@ -653,6 +653,42 @@ def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loa
         assert spec[r].tokens == plain[r].tokens, (name, r)
 
 
+def test_a_draft_model_does_not_prefill_where_its_control_rests(loaded, monkeypatch, request):
+    """Where the control rests at the row count rows join, a draft model does not prefill
+    beside the model: its KV lags, and restarts from the row's last LAG_MAX tokens at its
+    next proposal (under a CPU agents load its prefill beside the model's took prefill
+    1.3x). Resting at every other pass, speculating two steps in twelve: draft=none's
+    tokens, passes with and without the draft's prefill, and the draft proposed."""
+    from appliance.engine.prefill import Prefill
+
+    name, model, tok = loaded
+    plain, _ = run(model, tok, "dynamic")
+
+    class Alternate(Control):
+        n = asked = 0
+
+        def speculate(self, rows, settled=True, left=None):
+            self.n += 1
+            return self.n % 12 in (10, 11)
+
+        def resting(self, rows, ahead):  # (asked by prefill passes only, without a Tapped)
+            self.asked += 1
+            return self.asked % 2 == 1
+
+    passes, followed, real_run = [], [], Prefill.run
+    monkeypatch.setattr(Prefill, "run", lambda self, chunks, **kw: (
+        passes.append(kw.get("rest")) if any(chunks) else None, real_run(self, chunks, **kw))[1])
+    real_prefill = ModelDrafter.prefill
+    monkeypatch.setattr(ModelDrafter, "prefill", lambda self, batch, chunks: (
+        followed.append(1), real_prefill(self, batch, chunks))[1])
+    d = ModelDrafter(request.getfixturevalue("draft_model"), 16)
+    spec, s = run(model, tok, "dynamic", (d, Alternate(3, adaptive=False)))
+    assert any(passes) and not all(passes) and s._batch.spec_ticks > 0
+    assert len(followed) == passes.count(False)  # (the passes that did not rest only)
+    for r in plain:
+        assert spec[r].tokens == plain[r].tokens, (name, r)
+
+
 @pytest.mark.parametrize("drafter", ["mtp", "model"])
 def test_a_drafter_takes_back_its_rejected_drafts_in_one_pass_a_layer(loaded, drafter,
                                                                       monkeypatch, request):

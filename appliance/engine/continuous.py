@@ -233,10 +233,9 @@ class ContinuousScheduler(SoloRow):
     def _store(self, tokens: list[int], cache: list, live: bool = False,
                durable: bool = True, row: Row | None = None) -> None:
         """`row`: the row `cache` is from. The entries its KV was built from, and those it
-        stored, need no bit-for-bit check when a later entry of it extends them. Not where
-        a drafter's layers are in `cache`: they may have restarted from other tokens
-        (LAG_MAX). The model's own are the row's, whatever its drafter."""
-        trust = row is not None and len(cache) == self._batch.model_layers
+        stored, need no bit-for-bit check when a later entry of it extends them (`cache`
+        holds the model's layers only, whatever the row's drafter: `BatchStep.extract`)."""
+        trust = row is not None
         got = self.prefix.insert(list(tokens), cache, limit=self._cache_limit(), live=live,
                                  durable=durable, trusted=row.trusted if trust else frozenset())
         if trust:

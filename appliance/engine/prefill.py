@@ -146,11 +146,14 @@ class Prefill:
         return (self.lone_native() and not self.batch.extra
                 and not isinstance(self.model, Tapped))
 
-    def run(self, chunks: list[list[int]], untapped: bool = False) -> None:
-        """Run one chunk per row (right-padded when uneven, then re-aligned). `untapped`:
-        a Tapped model runs as the bare model, keeping no hidden states (a pass that keeps
-        only the KV never computes the last layer's attention and MLP: on a 2-core CPU a
-        tapped pass cost 12-27% more), and the MTP drafter drops these rows' pairs."""
+    def run(self, chunks: list[list[int]], rest: bool = False) -> None:
+        """Run one chunk per row (right-padded when uneven, then re-aligned). `rest`: the
+        drafter rests (its control does, at the row count these rows join): a Tapped model
+        runs as the bare model, keeping no hidden states (a pass that keeps only the KV
+        never computes the last layer's attention and MLP: on a 2-core CPU a tapped pass
+        cost 12-27% more), and the MTP head drops these rows' pairs; a draft model does not
+        follow (its KV lags, and restarts from the row's last LAG_MAX tokens at its next
+        proposal: under a CPU agents load its prefill beside the model's cost 1.3x)."""
         if not chunks:
             return
         for row, c in zip(self.batch.tokens, chunks, strict=True):
@@ -160,7 +163,7 @@ class Prefill:
         if fused and self._grid_fits():
             self._grid_pass(chunks[0])
         else:
-            self._padded_pass(chunks, lengths, fused, untapped and isinstance(self.model, Tapped))
+            self._padded_pass(chunks, lengths, fused, rest)
         if max(lengths) >= self.prefill_chunk:
             # Free a whole chunk's activations, as generate_step does; not a short tail's
             # (most chunks under an agent load, after a prefix hit): on CUDA this syncs the
@@ -193,7 +196,8 @@ class Prefill:
         mx.eval([c.state for c in layers])
 
     def _padded_pass(self, chunks: list[list[int]], lengths: list[int], fused: bool,
-                     untapped: bool = False) -> None:
+                     rest: bool = False) -> None:
+        untapped = rest and isinstance(self.model, Tapped)
         layers, model = self.batch.layers, self.model.model if untapped else self.model
         width = prefill_width(max(lengths)) if WHOLE_BUFFER and not fused else max(lengths)
         pad = [width - n for n in lengths]
@@ -211,7 +215,7 @@ class Prefill:
         else:
             observe(model, self.drafter, self.batch.uids, chunks)
         mx.eval([c.state for c in layers], hidden(model))
-        if self.batch.extra and not untapped:  # a draft model or MTP head prefills beside
+        if self.batch.extra and not rest:  # a draft model or MTP head prefills beside
             self.drafter.prefill(self.batch, chunks)
         if max(pad) > 0:
             for c in layers:

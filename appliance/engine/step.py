@@ -109,8 +109,6 @@ class BatchStep:
         self.drafter, self.control = drafter, control
         self._compiled = compiled
         self.model_layers = len(self.scheme.make_cache(model))  # a row cache's model layers
-        # the layers a row's prefix-cache entry keeps: the model's, and a draft model's
-        self.entry_layers = None if getattr(drafter, "in_entries", True) else self.model_layers
         self._bare = None  # the untapped model, for plain steps while the control rests
         if getattr(drafter, "needs_hidden", False):
             self.model, self._bare = Tapped(model), model  # the same arithmetic, keeping
@@ -191,8 +189,8 @@ class BatchStep:
             prompt_events += [PromptEvent(u, True, True) for u in self._decode.uids[-len(ready):]]
         chunks, cut = self._prefill.cut()
         prompt_events += cut
-        # (an MTP head would drop these rows' prompt pairs before it next speculates)
-        self._prefill.run(chunks, untapped=self._bare is not None and self.control.resting(
+        # (a drafter would drop these rows' prompt before it next speculates: LAG_MAX)
+        self._prefill.run(chunks, rest=self.drafter is not None and self.control.resting(
             self._decode.live + len(self._prefill), LAG_MAX + 1))
         self._quiet = not (n > 0 or ready or any(chunks))  # the next step's time is its own
         return prompt_events, events
@@ -241,7 +239,7 @@ class BatchStep:
                 if tok in self.stop_tokens:
                     reason = "stop"
                 if reason is not None:
-                    kv = d.extract(i, self.entry_layers) if self.keep_finished else None
+                    kv = d.extract(i, self.model_layers) if self.keep_finished else None
                     events.append(TokenEvent(uid, tok, lp, reason, kv, d.tokens[i]))
                     break
                 events.append(TokenEvent(uid, tok, lp, None))
@@ -359,15 +357,20 @@ class BatchStep:
         raise KeyError(uid)
 
     def extract(self, uid: int, upto: int | None = None) -> tuple[list, list[int]]:
-        """A copy of one row's cache and the tokens in it (for the prefix cache); `upto`:
-        its first `upto` tokens only (a checkpoint its last prefill pass ran past)."""
+        """A copy of one row's model layers and the tokens in them (for the prefix cache);
+        `upto`: its first `upto` tokens only (a checkpoint its last prefill pass ran past).
+        A drafter's layers stay out: a draft model's KV lags while its row decodes plainly
+        and an MTP head's holds a pair a token, so an entry with them was never a delta over
+        its parent (a CPU agents run stored 1.1 GB whole with either, against 0.17 GB as
+        deltas without), and a hit on one starts the drafter empty, catching up on the
+        row's last tokens (LAG_MAX), as a hit on a solo row's entry always did."""
         stage, i = self._where(uid)
         if stage == "waiting":
             s = self._waiting[i]
-            return s.cache, s.tokens
+            return s.cache[:self.model_layers], s.tokens
         batch = self._decode if stage == "decode" else self._prefill.batch
         if upto is None or upto == len(batch.tokens[i]):
-            return batch.extract(i, self.entry_layers), batch.tokens[i]
+            return batch.extract(i, self.model_layers), batch.tokens[i]
         return [c.extract(i, upto) for c in batch.layers], batch.tokens[i][:upto]
 
     def take_alone(self) -> tuple | None:

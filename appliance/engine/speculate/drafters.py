@@ -116,7 +116,6 @@ class ModelDrafter(_Sampled):
     tokens a step, when it does, so a running row stalls at most a chunk for it."""
 
     method = "model"
-    in_entries = True  # its KV is stored with the model's in prefix-cache entries
 
     def __init__(self, draft, chunk: int):
         self.draft, self.chunk = draft, chunk
@@ -271,11 +270,6 @@ class MTPDrafter(_Sampled):
 
     method = "mtp"
     needs_hidden = True
-    # Its layer stays out of prefix-cache entries: it holds one entry per pair (a token
-    # fewer than the row, fewer still after a restart), so an entry with it was never a
-    # delta over its parent (a CPU agents run stored 1.17 GB whole against draft=none's 0.17
-    # GB as deltas). A hit starts the head empty; it takes the pairs prefilled after it.
-    in_entries = False
 
     def __init__(self, head, target, chunk: int):
         self.head, self.target, self.chunk = head, target, chunk
