@@ -381,6 +381,54 @@ def test_a_lone_rows_pass_on_the_cuda_grid_is_token_exact(loaded, monkeypatch):
     assert ((48, 14) in fed) == (name == "tiny") and (bool(fed) == (name == "tiny"))
 
 
+def test_a_hit_takes_the_first_slots_of_an_entry_that_parts_later():
+    """A prompt that shares more of a stored entry than any whole entry holds (an agent's
+    next turn re-tokenizes its last reply, which parts from the tokens it generated) hits
+    that entry's first slots: exactly a cache of those tokens, in buffers of its own; its
+    chain (for the row's later entries, `trusted`) is the entries wholly inside it. Only
+    past a whole entry's hit."""
+    import mlx.core as mx
+
+    tier = RamTier(1 << 30)
+    system, turn = list(range(1, 41)), list(range(1, 41)) + list(range(100, 120))
+    got = tier.insert(system, _kv(system))
+    tier.insert(turn, _kv(turn), trusted=got)  # a delta over the system prompt
+    assert tier.stats.deltas == 1
+    nxt = turn[:50] + [999] * 10  # parts from the turn at 50, inside its delta
+    n, cache = tier.lookup(nxt)
+    assert n == 50 and tier.hit_chain == tier.serials(tuple(system))
+    for c, want in zip(cache, _kv(nxt[:50]), strict=True):
+        assert c.offset == c.keys.shape[2] == 50
+        assert mx.array_equal(c.keys, want.keys[..., :50, :]).item()
+        assert mx.array_equal(c.values, want.values[..., :50, :]).item()
+    assert all(c.offset == 20 for c in tier._lru[tuple(turn)].cache)  # the delta, untouched
+    assert tier.lookup(system + [7, 8])[0] == 40  # a whole entry, as before
+    # only past a whole entry's hit (a new conversation's template tokens hit nothing)
+    assert tier.lookup(turn[:39] + [5, 6])[0] == 0
+    tier.check_integrity()
+
+
+def test_an_agents_next_turn_hits_its_last_reply_up_to_where_it_parts(loaded):
+    """The next turn's prompt holds the last reply as far as its re-tokenization agrees
+    with the tokens generated, then parts: the hit runs to there where the entry's layers
+    can be cut (full attention), to the last whole entry otherwise (a window, recurrent
+    state); the text is a cold run's either way."""
+    name, model, tok = loaded
+    ids = oracle.batch_prompts(tok)
+    first = GenerationRequest(ids["b"][:40] + ids["a"][:10], 8, checkpoints=(40,))
+    s, one = _sched(model, tok), Collector(first)
+    drive(s, [(0, "insert", "r")], {"r": one})
+    reply = one.tokens[:4] + [(one.tokens[4] + 1) % 200 + 3]  # parts at the reply's 5th
+    nxt = GenerationRequest(first.prompt + reply + ids["c"][:12], 8,
+                            checkpoints=(40, len(first.prompt)))
+    two = Collector(nxt)
+    drive(s, [(0, "insert", "r")], {"r": two})
+    cut = name == "tiny"  # (gemma3's sliding layers and qwen3-next's recurrent ones: no)
+    assert two.finished.cached_tokens == len(first.prompt) + (4 if cut else 0) - (not cut)
+    assert two.tokens == _cold(model, tok, nxt)
+    s.prefix.check_integrity()
+
+
 def _kv(tokens, layers=2, bump=None):
     """A row cache whose slot i is a function of tokens[:i + 1] (as a model's KV is); `bump`:
     a slot whose value is off in the last bits (a prefix computed beside a stored one)."""

@@ -102,6 +102,26 @@ class TokenTrie:
                 best = i
         return best
 
+    def shared(self, tokens) -> tuple[int, tuple[int, ...] | None]:
+        """The most leading tokens of `tokens` that a stored sequence shares (it may end
+        or part inside an edge), and one such sequence (None: none shares any)."""
+        tokens, node, i, path = tuple(tokens), self._root, 0, []
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            m = _common(child.edge, tokens, i)
+            node, i = child, i + m
+            path.append(child.edge)
+            if m < len(child.edge):
+                break
+        if node is self._root:
+            return 0, None
+        while not node.end:  # a sequence that goes on from here: the first branch down
+            node = next(iter(node.children.values()))
+            path.append(node.edge)
+        return i, sum(path, ())
+
     def __len__(self) -> int:
         count, stack = 0, [self._root]
         while stack:
@@ -203,9 +223,25 @@ class RamTier:
 
     def lookup(self, tokens: list[int]) -> tuple[int, list | None]:
         """The longest stored prefix of tokens[:-1] (one token must remain to run):
-        (its length, a private copy of its cache), or (0, None)."""
+        (its length, a private copy of its cache), or (0, None). Where a stored entry of
+        KV layers shares more of them than any whole entry does, its first slots are that
+        prefix: an agent's next turn re-tokenizes its last reply, which often parts from
+        the tokens it generated (mlx-lm's samples are not the tokenizer's own spelling),
+        and a whole-entry hit then stopped at the turn's prompt: 10 of 16 later turns in a
+        CPU agents run prefilled their last reply again (mlx_lm.server kept 9-61 of its
+        64 tokens)."""
         best = self._trie.longest(tokens[:-1])
+        shared, key = self._trie.shared(tokens[:-1]) if best else (0, None)
         self.hit_chain = frozenset()
+        if shared > best and all(_kv_only(e.cache) for e in self._chain(key)):
+            # (only past a whole entry's hit: alone, a few shared template tokens would
+            # make every new conversation a hit on some other one's entry)
+            self._refresh(key)
+            chain = [e for e in self._chain(key) if len(e.tokens) <= shared]
+            self.hit_chain = frozenset(e.serial for e in chain)
+            self.stats.hits += 1
+            self.stats.hit_tokens += shared
+            return shared, self._cut(key, shared)
         if not best:
             self.stats.misses += 1
             return 0, None
@@ -215,6 +251,23 @@ class RamTier:
         self.stats.hits += 1
         self.stats.hit_tokens += best
         return best, self.cache_at(key)
+
+    def _cut(self, key: tuple[int, ...], n: int) -> list:
+        """A private copy of the first `n` slots of `key`'s stored cache (KV layers)."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import KVCache
+
+        parts, start = [], 0
+        for e in self._chain(key):
+            k = min(len(e.tokens), n) - start
+            if k <= 0:
+                break
+            parts.append([KVCache.from_state((c.keys[..., :k, :], c.values[..., :k, :], k))
+                          for c in e.cache])
+            start = len(e.tokens)
+        out = joined(parts)
+        mx.eval([(c.keys, c.values) for c in out])
+        return out
 
     def cache_at(self, key: tuple[int, ...]) -> list:
         """A private copy of the stored cache of `key`, its chain joined (no hit counted)."""
