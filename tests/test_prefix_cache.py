@@ -10,7 +10,8 @@ from appliance import oracle
 from appliance.engine import GenerationRequest, SamplingParams
 from appliance.engine.budget import Budget, KVShape
 from appliance.engine.continuous import ContinuousScheduler
-from appliance.engine.prefix_cache import PrefixCache, RamTier, TokenTrie
+from appliance.engine.prefix_cache import PrefixCache, RamTier
+from appliance.engine.trie import TokenTrie
 
 
 class Blob:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from appliance.engine import threads
-from appliance.engine.prefix_cache import TokenTrie, joined
+from appliance.engine.prefix_cache import joined
 from appliance.engine.ssd_blob import (
     _POOL,
     _frozen,
@@ -48,6 +48,7 @@ from appliance.engine.ssd_blob import (
     checksums,
     write_safetensors,
 )
+from appliance.engine.trie import TokenTrie
 
 log = logging.getLogger(__name__)
 MAX_PENDING = 8  # queued writes; beyond this new entries are skipped (their copies hold memory)
