@@ -23,6 +23,13 @@ class Blob:
         self.nbytes = nbytes
 
 
+def _shared(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def test_trie_matches_a_plain_set_of_sequences():
     """The radix tree against the obvious definition, through random adds and removes of
     sequences that share prefixes, split edges and merge them back; deep ones too."""
@@ -42,6 +49,10 @@ def test_trie_matches_a_plain_set_of_sequences():
         q = stem[:rng.randrange(13)] + [rng.randrange(3) for _ in range(rng.randrange(5))]
         assert trie.longest(q) == max((len(s) for s in stored if tuple(q[:len(s)]) == s),
                                       default=0)
+        n, key = trie.shared(q)  # the most tokens any stored sequence shares, and one such
+        assert n == max((_shared(s, q) for s in stored), default=0)
+        assert (key is None) == (n == 0) and (key is None or key in stored
+                                              and _shared(key, q) == n)
         assert len(trie) == len(stored)
     for seq in list(stored):
         trie.remove(seq)
@@ -50,6 +61,7 @@ def test_trie_matches_a_plain_set_of_sequences():
     trie.add(deep)
     trie.add(deep[:8000])
     assert trie.longest(deep + [1]) == 20_000 and trie.longest(deep[:9000]) == 8000
+    assert trie.shared(deep[:9000] + [-1]) == (9000, tuple(deep))
     assert len(trie) == 2
 
 
