@@ -135,8 +135,7 @@ class Prefill:
     def lone_native(self) -> bool:
         """One row prefilling, every model layer a native full-attention layout without
         holes: its pass may run past checkpoints, each sliced from the model's layers
-        afterwards (`BatchStep.extract`; a drafter's layers stay out of such an entry, and
-        a hit on it starts the drafter empty, as a solo row's entry does)."""
+        afterwards (`BatchStep.extract`: like every entry, the model's layers only)."""
         return len(self.batch) == 1 and all(type(c) is FullLayout and c._holes is None
                                             for c in self.batch.layers)
 

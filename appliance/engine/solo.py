@@ -43,7 +43,8 @@ class SoloRow:
         t = time.perf_counter()
         try:
             cached, cache = self.prefix.lookup(r.prompt) if self.prefix is not None else (0, None)
-            if cache is not None:  # (an entry a drafter's row stored holds its layers too)
+            if cache is not None:  # (an SSD entry an older version wrote may hold a
+                # drafter's layers after the model's)
                 cache = cache[:self._batch.model_layers]
             row = Row(h, RowState.DECODE, cached=cached,
                       trusted=self.prefix.hit_chain if cached else frozenset())
