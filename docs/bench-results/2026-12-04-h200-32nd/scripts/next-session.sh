@@ -16,5 +16,16 @@ case $1 in
     grep -E "^run|paired" $OUT/steptrace-mtp-b16-free.txt | cut -c1-220 ;;
 3)  # issue 13 item 9 at the session's last code (partial-entry hits since c74acbf)
     RUNS="8b:1 8b:2 1b:1" timeout 590 bash devrun/d2.sh ;;
+4)  # issue 12 item 9: lookup with draft.ngram_min=1 (the CPU read free B=1 1.53-1.65x paired
+    # against 1.44-1.48x with the default 2), B=1/4 then B=16, against the default's figures
+    A="import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()"
+    timeout 280 python3 -c "$A" mode=bench bench=spec draft=lookup draft.ngram_min=1 \
+      'bench.spec_batches=[1,4]' bench.repeats=9 bench.decode_tokens=256 bench.progress=false \
+      hydra.run.dir=/tmp/ng1 2>&1 | grep -E "^edit|^free"
+    cp /tmp/ng1/bench.json $OUT/spec-lookup-ng1-b1-b4.json
+    timeout 280 python3 -c "$A" mode=bench bench=spec draft=lookup draft.ngram_min=1 \
+      'bench.spec_batches=[16]' bench.repeats=15 bench.decode_tokens=256 bench.progress=false \
+      hydra.run.dir=/tmp/ng16 2>&1 | grep -E "^edit|^free"
+    cp /tmp/ng16/bench.json $OUT/spec-lookup-ng1-b16.json ;;
 esac
 date -u +%H:%M:%S
