@@ -1,0 +1,28 @@
+# For the next session (34th). Set up .device with
+# ../../2026-12-04-h200-31st/scripts/device-setup.sh, copy this file, ticktrace/ and
+# ticksummary.py, ../../2026-12-04-h200-27th/scripts/d2.sh and
+# ../../2026-12-03-h200-26th/scripts/t4.sh to devrun/, then calls at once: stage.sh with
+# .device/a, .device/c, .device/d; then, carrying .device/b and devrun:
+#   bash .device/b/install.sh && . /tmp/mlx-env && bash devrun/next-session.sh 1
+# then `. /tmp/mlx-env && bash devrun/next-session.sh 2|3`, each at once after the last.
+date -u +%H:%M:%S
+A="import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()"
+M8="model=synthetic model.shape=llama-3-8b model.bits=4 bench.agents=16 bench.turns=4 bench.progress=false"
+case $1 in
+1)  # issue 13 item 9: where the 8B agents run's prefill-carrying time goes (8-16 s a run for
+    # the same work, 30th-33rd sessions): every decode step, join and prefill pass timed
+    for i in 1 2; do
+      TRACE_OUT=/tmp/tt8b$i PYTHONPATH=$PWD/devrun/ticktrace timeout 250 python3 -c "$A" \
+        mode=bench bench=agents +profile=agent-fleet $M8 bench.anchor=none \
+        hydra.run.dir=/tmp/tt8b$i 2>&1 | grep BENCH | cut -c1-230
+      cp /tmp/tt8b$i/bench.json $OUT/agents-8b-trace$i.json
+      for f in /tmp/tt8b$i.*; do
+        [ -s "$f" ] && gzip -c "$f" > $OUT/ticktrace-8b$i.jsonl.gz && python3 devrun/ticksummary.py "$f"
+      done
+    done ;;
+2)  # issue 13 item 9 at the session's last code
+    RUNS="8b:1 8b:2 1b:1" timeout 590 bash devrun/d2.sh ;;
+3)  # issue 12 item 9: B=16 again, mtp and model (the 33rd: model edit 0.93 paired, A/A 0.92)
+    timeout 560 bash devrun/t4.sh "model mtp" ;;
+esac
+date -u +%H:%M:%S
