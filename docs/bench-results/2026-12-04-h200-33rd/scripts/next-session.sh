@@ -1,10 +1,10 @@
 # For the next session (34th). Set up .device with
-# ../../2026-12-04-h200-31st/scripts/device-setup.sh, copy this file, ticktrace/ and
-# ticksummary.py, ../../2026-12-04-h200-27th/scripts/d2.sh and
+# ../../2026-12-04-h200-31st/scripts/device-setup.sh, copy this file, ticktrace/,
+# ticksummary.py and probetrace.py, ../../2026-12-04-h200-27th/scripts/d2.sh and
 # ../../2026-12-03-h200-26th/scripts/t4.sh to devrun/, then calls at once: stage.sh with
 # .device/a, .device/c, .device/d; then, carrying .device/b and devrun:
 #   bash .device/b/install.sh && . /tmp/mlx-env && bash devrun/next-session.sh 1
-# then `. /tmp/mlx-env && bash devrun/next-session.sh 2|3`, each at once after the last.
+# then `. /tmp/mlx-env && bash devrun/next-session.sh 2|3|4`, each at once after the last.
 date -u +%H:%M:%S
 A="import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()"
 M8="model=synthetic model.shape=llama-3-8b model.bits=4 bench.agents=16 bench.turns=4 bench.progress=false"
@@ -24,5 +24,11 @@ case $1 in
     RUNS="8b:1 8b:2 1b:1" timeout 590 bash devrun/d2.sh ;;
 3)  # issue 12 item 9: B=16 again, mtp and model (the 33rd: model edit 0.93 paired, A/A 0.92)
     timeout 560 bash devrun/t4.sh "model mtp" ;;
+4)  # issue 12 item 9: what a probe mid-run costs on CUDA (the 33rd's mtp free run with a
+    # later probe read 0.39x paired; its steptrace probed only in run 0, where the probe
+    # cost ~50 ms): probes forced into runs 4, 7, 10 and 13, every step's time printed
+    FORCE=3:60,6:120,9:180,12:220 timeout 560 python3 devrun/probetrace.py mtp 16 256 15 free \
+      > $OUT/probetrace-mtp-b16-free.txt 2>&1
+    grep -E "^run|forced|paired" $OUT/probetrace-mtp-b16-free.txt | cut -c1-220 ;;
 esac
 date -u +%H:%M:%S
