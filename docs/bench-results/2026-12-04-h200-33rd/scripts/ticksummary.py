@@ -28,3 +28,22 @@ for (b, multi, grid), es in sorted(bins.items()):
     print(f"  <={b:5d} multi={multi!s:5s} grid={grid!s:5s} {len(es):4d} passes {s:6.3f} s "
           f"median {1000 * statistics.median(e['s'] for e in es):6.1f} ms "
           f"{toks / s:8.0f} tok/s, median context {ctx:.0f}")
+# The decode step right after a join against the others at the same rows: a join's re-formed
+# batch (its KV merged into a new buffer, `FullLayout._merge`) is evaluated there, lazily
+# (on this CPU: 30-90 ms more than a usual step at 2-8 rows, ~1.3 s of a 15.4 s run).
+after, other = collections.defaultdict(list), collections.defaultdict(list)
+prev = None
+for e in ev:
+    if e["kind"] in ("decode", "join", "prefill"):
+        if e["kind"] == "decode":
+            (after if prev == "join" else other)[e["rows"]].append(e["s"])
+        prev = e["kind"]
+extra = 0.0
+print("decode steps right after a join, against the others (median ms):")
+for r in sorted(after):
+    if other[r]:
+        m = statistics.median(other[r])
+        extra += sum(s - m for s in after[r])
+        print(f"  {r:3d} rows: {len(after[r]):3d} after a join {1000 * statistics.median(after[r]):7.1f}"
+              f", {len(other[r]):4d} others {1000 * m:7.1f}")
+print(f"  their excess over the others' medians: {extra:.2f} s")
