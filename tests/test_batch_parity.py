@@ -165,6 +165,47 @@ def test_finished_rows_held_until_rows_join_keep_tokens_exact(loaded, schedule, 
     assert s.budget.reserved == 0 and not s._held and s._batch._decode.retired == []
 
 
+def test_a_joining_row_takes_a_held_rows_slot_in_place(loaded, monkeypatch):
+    """With finished rows held (step.HOLD, forced here), a row joining takes a held row's
+    slot (`_Decoding.reuse`): its KV written right-aligned at the batch's cursor, no other
+    row's KV copied (no merge), the batch's buffers the same size. Tokens still equal
+    BatchGenerator's (b finishes, then c joins into its slot; a finishes, then d), every
+    reservation comes back, and the sliding and hybrid models (whose layers cannot take a
+    row in place) join as before."""
+    from appliance.engine import step as step_mod
+    from appliance.engine.kv.native import FullLayout
+    from appliance.engine.rows import _Decoding
+
+    monkeypatch.setattr(step_mod, "HOLD", True)
+    placed, merges = [], []
+    reuse, merge = _Decoding.reuse, FullLayout._merge
+
+    def spy(d, other):
+        shapes = [getattr(c, "keys", None) is not None and c.keys.shape for c in d.layers]
+        gone, put = reuse(d, other)
+        if put:
+            placed.append((gone, [getattr(c, "keys", None) is not None and c.keys.shape
+                                  for c in d.layers] == shapes))
+        return gone, put
+    monkeypatch.setattr(_Decoding, "reuse", spy)
+    monkeypatch.setattr(FullLayout, "_merge", lambda c, o: merges.append(1) or merge(c, o))
+    name, model, tok = loaded
+    sch = {"max_rows": 4, "events": [(0, "insert", "a"), (0, "insert", "b"),
+                                     (16, "insert", "c"), (24, "insert", "d")]}
+    prompts = oracle.batch_prompts(tok)
+    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
+            for _, _, r in sch["events"]}
+    s = _scheduler(model, tok, sch["max_rows"])
+    drive(s, sch["events"], rows)
+    assert {r: c.tokens for r, c in rows.items()} == oracle.run_batch_schedule(model, tok, sch)
+    assert s.budget.reserved == 0 and not s._held and s._batch._decode.retired == []
+    if name == "tiny":
+        assert len(placed) == 2 and all(gone and same for gone, same in placed)
+        assert len(merges) == len(model.layers)  # (b joining a; c and d took held slots)
+    else:
+        assert not placed
+
+
 def _spy_attention(cores, monkeypatch) -> list:
     """Record each attention call's (kind, query heads): 'mlx' for MLX's own call, 'compiled'
     for cores.attend (whose fallbacks to MLX's are recorded as both)."""

@@ -53,7 +53,9 @@ SETTLE = 3  # a step is timed from the third at an unchanged batch size (see _de
 # against the budget until it goes (`dropped`). With a drafter too: a held row proposes
 # nothing and its drafter keeps nothing for it (an H200 at B=16, mtp whose control never
 # speculated: plain steps 0.91x draft=none's with only draft=none holding, 0.98x with
-# neither, 24th session).
+# neither, 24th session). Elsewhere (a CPU) a finished row is held only while a row is
+# prefilling or waiting to, whose join then takes its slot in place (`_Decoding.reuse`);
+# held longer, its wasted decode would cost more than the filter it saves.
 HOLD = WHOLE_BUFFER
 
 
@@ -185,8 +187,7 @@ class BatchStep:
         prompt_events: list[PromptEvent] = []
         ready = self._prefill.ready()
         if ready:
-            self._start_decoding(ready)
-            prompt_events += [PromptEvent(u, True, True) for u in self._decode.uids[-len(ready):]]
+            prompt_events += [PromptEvent(u, True, True) for u in self._start_decoding(ready)]
         chunks, cut = self._prefill.cut()
         prompt_events += cut
         # (a drafter would drop these rows' prompt before it next speculates: LAG_MAX)
@@ -195,16 +196,27 @@ class BatchStep:
         self._quiet = not (n > 0 or ready or any(chunks))  # the next step's time is its own
         return prompt_events, events
 
-    def _start_decoding(self, ready: list[int]) -> None:
-        """Rows whose prompt is down to its last token: feed it, then join the running rows."""
+    def _start_decoding(self, ready: list[int]) -> list[int]:
+        """Rows whose prompt is down to its last token: feed it, then join the running rows
+        (into held rows' slots where they fit: `_Decoding.reuse`). Returns their uids."""
         rows, last = self._prefill.take(ready)
         rows.next_tokens = mx.array(last)
         rows.context = [TokenBuffer(t) for t in rows.tokens]
         rows.generated = [0] * len(ready)
         rows.step(self.model, self._compiled)  # the last prompt token, over these rows alone
         self._observe(rows.uids, [[t] for t in last])
-        self.drop_retired()  # (one re-forming for rows leaving and joining)
-        self._decode.extend(rows)
+        joined = list(rows.uids)
+        gone, placed = self._decode.reuse(rows)
+        self.dropped += gone
+        if len(placed) < len(joined):
+            if placed:
+                rows.filter([j for j in range(len(joined)) if j not in placed])
+            self.drop_retired()  # (one re-forming for rows leaving and joining)
+            self._decode.extend(rows)
+        elif self._decode.retired and not self.hold and not (len(self._prefill)
+                                                              or self._waiting):
+            self.drop_retired()  # (held for joins that have all come: see HOLD)
+        return joined
 
     def drop_retired(self) -> list[int]:
         """Filter the held rows out now (their uids also go to `dropped`)."""
@@ -249,7 +261,7 @@ class BatchStep:
                 done.append(i)
                 if self.drafter is not None:
                     self._forget(uid)
-        if done and self.hold and keep:
+        if done and keep and (self.hold or len(self._prefill) or self._waiting):
             for i in done:
                 d.retire(i)
             for e in events:

@@ -175,6 +175,18 @@ class FullLayout(BatchKVCache):
         self._merge(other)
         self._holes = mx.concatenate(parts)
 
+    def put(self, i: int, other, j: int, pad: int) -> None:
+        """Row j of `other` (left padding `pad`, no holes) into row i, in place: its
+        slots right-aligned at this cursor, the slots before them masked by the left
+        padding (a held row's old values stay there, finite, never attended)."""
+        n = other._idx - pad
+        start = self._idx - n
+        self.keys[i:i + 1, :, start:self._idx, :] = other.keys[j:j + 1, :, pad:other._idx, :]
+        self.values[i:i + 1, :, start:self._idx, :] = \
+            other.values[j:j + 1, :, pad:other._idx, :]
+        self.offset[i] = other.offset[j]
+        self.left_padding[i] = start
+
     def _merge(self, other) -> None:
         """mlx-lm's `extend` (both right-aligned at the later cursor, in a buffer as long as
         the longer one, other's rows after these), written into one new buffer: mlx-lm pads
