@@ -1,10 +1,12 @@
 # For the next session (34th). Set up .device with
 # ../../2026-12-04-h200-31st/scripts/device-setup.sh, copy this file, ticktrace/,
-# ticksummary.py and probetrace.py, ../../2026-12-04-h200-27th/scripts/d2.sh and
+# ticksummary.py, probetrace.py, reuse.patch and reuse_sitecustomize.py (into
+# devrun/reuse/sitecustomize.py), ../../2026-12-04-h200-27th/scripts/d2.sh and
 # ../../2026-12-03-h200-26th/scripts/t4.sh to devrun/, then calls at once: stage.sh with
 # .device/a, .device/c, .device/d; then, carrying .device/b and devrun:
 #   bash .device/b/install.sh && . /tmp/mlx-env && bash devrun/next-session.sh 1
-# then `. /tmp/mlx-env && bash devrun/next-session.sh 2|3|4`, each at once after the last.
+# then `. /tmp/mlx-env && bash devrun/next-session.sh 5|2|3|4`, each at once after the last
+# (5 first: the A/B of this session's last engine change).
 date -u +%H:%M:%S
 A="import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()"
 M8="model=synthetic model.shape=llama-3-8b model.bits=4 bench.agents=16 bench.turns=4 bench.progress=false"
@@ -30,5 +32,21 @@ case $1 in
     FORCE=3:60,6:120,9:180,12:220 timeout 560 python3 devrun/probetrace.py mtp 16 256 15 free \
       > $OUT/probetrace-mtp-b16-free.txt 2>&1
     grep -E "^run|forced|paired" $OUT/probetrace-mtp-b16-free.txt | cut -c1-220 ;;
+5)  # 8ff5de0 (a joining row takes a held row's slot in place; CPU 1.00x paired) on the
+    # H200 8B, where finished rows are always held: the appliance alone, the code before it
+    # (reuse.patch reversed in a copy) and after, alternating; joins placed in held slots
+    rm -rf /tmp/old && mkdir -p /tmp/old && cp -r appliance conf profiles pyproject.toml /tmp/old/
+    (cd /tmp/old && (git apply -R "$OLDPWD/devrun/reuse.patch" || patch -R -p1 < "$OLDPWD/devrun/reuse.patch")) \
+      && ! grep -q "def reuse" /tmp/old/appliance/engine/rows.py || { echo "no old copy"; exit 1; }
+    for i in ${PAIRS:-1 2 3}; do
+      for v in old new; do
+        if [ $v = old ]; then P=/tmp/old; X=; else P=$PWD; X=$PWD/devrun/reuse; fi
+        (cd $P && REUSE_OUT=/tmp/reuse-$v$i PYTHONPATH=$P:$X timeout 95 python3 -c "$A" mode=bench \
+          bench=agents +profile=agent-fleet $M8 bench.anchor=none hydra.run.dir=/tmp/re$v$i 2>&1 \
+          | grep BENCH | sed "s/^/$v$i /" | cut -c1-200)
+        cp /tmp/re$v$i/bench.json $OUT/agents-8b-reuse-$v$i.json 2>/dev/null
+        cat /tmp/reuse-$v$i.* 2>/dev/null; echo
+      done
+    done ;;
 esac
 date -u +%H:%M:%S
