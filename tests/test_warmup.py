@@ -36,13 +36,14 @@ def test_a_bad_value_names_the_choices():
 
 def test_the_burst_fills_the_batch_with_one_full_chunk():
     reqs = burst(8, 512, 4096, {0, 2}, 4096)
-    assert [len(r.prompt) for r in reqs] == [512] + [16] * 7
+    # (the last is sent late: longer than any row can have grown to, 512 + 24)
+    assert [len(r.prompt) for r in reqs] == [512] + [16] * 7 + [512 + 24 + 16]
     assert all(r.max_tokens == 8 + 2 * 8 for r in reqs)  # all 8 rows decode together
     assert not {0, 1, 2} & {t for r in reqs for t in r.prompt}
     assert reqs[0].sampling.logit_bias == {0: -100.0, 2: -100.0}
     # a context limit below a chunk: every row still fits it
     assert [len(r.prompt) + r.max_tokens for r in burst(8, 512, 4096, {0, 2}, 100)] == \
-        [100] + [16 + 24] * 7
+        [100] + [16 + 24] * 7 + [100]
 
 
 @pytest.mark.parametrize("overrides", [
@@ -96,8 +97,9 @@ def test_a_warm_up_with_a_draft_speculates_at_every_batch_size(monkeypatch):
 
 def test_the_warm_up_re_forms_a_batch_around_finished_rows(monkeypatch):
     """With finished rows held in the batch (step.HOLD, CUDA's policy; forced here), the
-    burst still re-forms a batch around rows still decoding: a row joins after the first
-    ones finished, so the held rows leave with live rows beside them (the filter's kernels
+    burst still re-forms a batch around rows still decoding: after the first rows finished,
+    a short row joins into a held row's slot (`_Decoding.reuse`) and a long one, too long
+    for a slot, makes the held rows leave with live rows beside them (the kernels of both
     are built before serving, not in a client's request). Nothing is left behind."""
     from appliance.engine import step as step_mod
     from appliance.engine.rows import _Decoding
@@ -106,10 +108,18 @@ def test_the_warm_up_re_forms_a_batch_around_finished_rows(monkeypatch):
     drops, drop = [], _Decoding.drop_retired
     monkeypatch.setattr(_Decoding, "drop_retired", lambda d, also=(): drops.append(
         (len(d.retired), d.live - len(also))) or drop(d, also))
+    placed, reuse = [], _Decoding.reuse
+
+    def spy(d, other):
+        gone, put = reuse(d, other)
+        placed.append(put)
+        return gone, put
+    monkeypatch.setattr(_Decoding, "reuse", spy)
     engine = build_engine(resolve_overrides(["server.warmup=true", "batch.max_rows=4",
                                              "batch.prefill_chunk=64"]))
     try:
         assert any(held and survivors for held, survivors in drops), drops
+        assert any(placed), placed
         stats = engine.stats()
         assert stats["tokens_generated"] == 0 and stats["finished_rows"] == 0
         assert stats["kv_reserved_bytes"] in (0, None)

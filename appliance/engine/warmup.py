@@ -61,39 +61,45 @@ def burst(rows: int, chunk: int, vocab: int, eos_ids: set[int],
           max_context: int) -> list[GenerationRequest]:
     """`rows` requests arriving together: the first one a prefill chunk long (within the
     context limit, which the KV budget always holds for one row), the others short; each
-    decodes until the last has joined (EOS banned so none leaves early)."""
+    decodes until the last has joined (EOS banned so none leaves early). Then one more, for
+    `warm_up` to send late: longer than any of them has grown to (where the context limit
+    allows), so it cannot take a finished row's slot and the batch re-forms around it."""
     decode = 8 + 2 * rows
     never_eos = SamplingParams(logit_bias={t: -100.0 for t in eos_ids if t < vocab})
     usable = [t for t in range(3, vocab) if t not in eos_ids]  # (low ids: specials)
     out = []
-    for r in range(rows):
-        n = max(1, min(chunk if r == 0 else 16, max_context - decode))
+    for r in range(rows + 1):
+        n = chunk if r == 0 else chunk + decode + 16 if r == rows else 16
+        n = max(1, min(n, max_context - decode))
         out.append(GenerationRequest([usable[(r * 131 + j * 7) % len(usable)] for j in range(n)],
                                      decode, never_eos))
     return out
 
 
 def warm_up(scheduler, requests: list[GenerationRequest]) -> float:
-    """Drive `requests` through `scheduler` to the end; the seconds it took. A row that
-    fails fails the start-up: the same pass would fail the first client.
+    """Drive `requests` (a `burst`) through `scheduler` to the end; the seconds it took. A
+    row that fails fails the start-up: the same pass would fail the first client.
 
-    Once the first row has finished, the last request is sent again: it joins rows still
-    decoding, so the batch is re-formed around finished rows (on CUDA they are held until a
-    row joins: step.HOLD) as a fleet's batch is all day. With finished rows held, the burst
-    never did that, and on a fresh H200 every request stalled ~3.3 s from when the first
-    clients' rows finished (8B shape, 22nd session; likely that re-forming's first kernel
-    builds, not measured apart: the device time was spent)."""
+    All but the last are sent at once. Once the first row has finished, a short one is sent
+    again and then the last, long one: they join rows still decoding, the short one into a
+    finished row's slot (on CUDA finished rows are held until rows join: step.HOLD;
+    `_Decoding.reuse`), the long one by re-forming the batch around the finished rows left,
+    as a fleet's batch is all day. With finished rows held, the burst once never re-formed,
+    and on a fresh H200 every request stalled ~3.3 s from when the first clients' rows
+    finished (8B shape, 22nd session; likely that re-forming's first kernel builds, not
+    measured apart: the device time was spent)."""
     t0 = time.perf_counter()
-    rows = [_Row(r, -1 - i) for i, r in enumerate(requests)]
+    rows = [_Row(r, -1 - i) for i, r in enumerate(requests[:-1])]
     for r in rows:
         scheduler.add(r)
-    late = None
+    late = []
     while scheduler.has_work():
         scheduler.step()
-        if late is None and any(r.finished for r in rows) and not all(r.finished for r in rows):
-            late = _Row(requests[-1], -1 - len(rows))
-            scheduler.add(late)
-    rows += [late] if late is not None else []
+        if not late and any(r.finished for r in rows) and not all(r.finished for r in rows):
+            late = [_Row(requests[i], -1 - len(rows) - k) for k, i in enumerate((-2, -1))]
+            for r in late:
+                scheduler.add(r)
+    rows += late
     bad = [r.finished.error for r in rows if r.finished is None or r.finished.error]
     if bad:
         raise RuntimeError(f"the start-up warm-up failed: {bad[0]}")
