@@ -32,7 +32,8 @@ case $1 in
     FORCE=3:60,6:120,9:180,12:220 timeout 560 python3 devrun/probetrace.py mtp 16 256 15 free \
       > $OUT/probetrace-mtp-b16-free.txt 2>&1
     grep -E "^run|forced|paired" $OUT/probetrace-mtp-b16-free.txt | cut -c1-220 ;;
-5)  # 8ff5de0 (a joining row takes a held row's slot in place; CPU 1.00x paired) on the
+5)  # 8ff5de0 and b7a3524 (a joining row takes a held row's slot in place, and the warm-up builds
+    # both joins; CPU 1.00x paired) on the
     # H200 8B, where finished rows are always held: the appliance alone, the code before it
     # (reuse.patch reversed in a copy) and after, alternating; joins placed in held slots
     rm -rf /tmp/old && mkdir -p /tmp/old && cp -r appliance conf profiles pyproject.toml /tmp/old/
