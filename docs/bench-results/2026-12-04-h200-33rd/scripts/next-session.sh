@@ -5,8 +5,8 @@
 # ../../2026-12-03-h200-26th/scripts/t4.sh to devrun/, then calls at once: stage.sh with
 # .device/a, .device/c, .device/d; then, carrying .device/b and devrun:
 #   bash .device/b/install.sh && . /tmp/mlx-env && bash devrun/next-session.sh 1
-# then `. /tmp/mlx-env && bash devrun/next-session.sh 5|2|3|4`, each at once after the last
-# (5 first: the A/B of this session's last engine change).
+# then `. /tmp/mlx-env && bash devrun/next-session.sh 6|5|2|3|4`, each at once after the last
+# (6 and 5 first: the tests and the A/B of this session's last engine change).
 date -u +%H:%M:%S
 A="import sys; from appliance.cli import main; sys.argv[0]='appliance'; main()"
 M8="model=synthetic model.shape=llama-3-8b model.bits=4 bench.agents=16 bench.turns=4 bench.progress=false"
@@ -49,5 +49,9 @@ case $1 in
         cat /tmp/reuse-$v$i.* 2>/dev/null; echo
       done
     done ;;
+6)  # this session's engine tests on CUDA (slot reuse under CUDA's own HOLD and shapes, the
+    # warm-up's two joins), before or beside 5
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -n 0 tests/test_batch_parity.py \
+      tests/test_warmup.py -k "slot_in_place or held or warm_up or burst" 2>&1 | tail -15 ;;
 esac
 date -u +%H:%M:%S
