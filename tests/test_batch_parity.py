@@ -24,6 +24,13 @@ def _scheduler(model, tok, max_rows, prefill_rows=1, compile_step=False):
                                compile_step=compile_step)
 
 
+def _rows(tok, sch) -> dict:
+    """A collector for each row the schedule inserts (the oracle's prompts and lengths)."""
+    prompts = oracle.batch_prompts(tok)
+    return {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
+            for _, _, r in sch["events"]}
+
+
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
 def test_rows_match_batch_generator(loaded, schedule):
     """Live against BatchGenerator first (every backend), then against the goldens (skipped
@@ -31,8 +38,7 @@ def test_rows_match_batch_generator(loaded, schedule):
     name, model, tok = loaded
     sch = oracle.BATCH_SCHEDULES[schedule]
     prompts = oracle.batch_prompts(tok)
-    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
-            for _, _, r in sch["events"]}
+    rows = _rows(tok, sch)
     drive(_scheduler(model, tok, sch["max_rows"]), sch["events"], rows)
 
     got = {r: c.tokens for r, c in rows.items()}
@@ -55,9 +61,7 @@ def test_compiled_step_matches_batch_generator(loaded, schedule):
     still match) gives BatchGenerator's tokens, and the goldens'."""
     name, model, tok = loaded
     sch = oracle.BATCH_SCHEDULES[schedule]
-    prompts = oracle.batch_prompts(tok)
-    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
-            for _, _, r in sch["events"]}
+    rows = _rows(tok, sch)
     scheduler = _scheduler(model, tok, sch["max_rows"], compile_step=True)
     drive(scheduler, sch["events"], rows)
     got = {r: c.tokens for r, c in rows.items()}
@@ -87,9 +91,7 @@ def test_cuda_shape_policy_matches_batch_generator(loaded, schedule, prefill_row
         m := make_mask(self, N, **kw)) or m)
     name, model, tok = loaded
     sch = oracle.BATCH_SCHEDULES[schedule]
-    prompts = oracle.batch_prompts(tok)
-    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
-            for _, _, r in sch["events"]}
+    rows = _rows(tok, sch)
     drive(_scheduler(model, tok, sch["max_rows"], prefill_rows=prefill_rows), sch["events"],
           rows)
     got = {r: c.tokens for r, c in rows.items()}
@@ -128,9 +130,7 @@ def test_rows_leaving_keep_the_buffer_on_the_step_grid(loaded, monkeypatch):
     monkeypatch.setattr(FullLayout, "filter", spy)
     name, model, tok = loaded
     sch = oracle.BATCH_SCHEDULES["dynamic"]
-    prompts = oracle.batch_prompts(tok)
-    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
-            for _, _, r in sch["events"]}
+    rows = _rows(tok, sch)
     drive(_scheduler(model, tok, sch["max_rows"]), sch["events"], rows)
     assert {r: c.tokens for r, c in rows.items()} == oracle.run_batch_schedule(model, tok, sch)
     assert seen and all(grid for *_, grid in seen)
@@ -155,9 +155,7 @@ def test_finished_rows_held_until_rows_join_keep_tokens_exact(loaded, schedule, 
         (len(d.retired), len(also))) or drop(d, also))
     name, model, tok = loaded
     sch = oracle.BATCH_SCHEDULES[schedule]
-    prompts = oracle.batch_prompts(tok)
-    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
-            for _, _, r in sch["events"]}
+    rows = _rows(tok, sch)
     s = _scheduler(model, tok, sch["max_rows"])
     drive(s, sch["events"], rows)
     assert {r: c.tokens for r, c in rows.items()} == oracle.run_batch_schedule(model, tok, sch)
@@ -192,9 +190,7 @@ def test_a_joining_row_takes_a_held_rows_slot_in_place(loaded, monkeypatch):
     name, model, tok = loaded
     sch = {"max_rows": 4, "events": [(0, "insert", "a"), (0, "insert", "b"),
                                      (16, "insert", "c"), (24, "insert", "d")]}
-    prompts = oracle.batch_prompts(tok)
-    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
-            for _, _, r in sch["events"]}
+    rows = _rows(tok, sch)
     s = _scheduler(model, tok, sch["max_rows"])
     drive(s, sch["events"], rows)
     assert {r: c.tokens for r, c in rows.items()} == oracle.run_batch_schedule(model, tok, sch)
@@ -240,9 +236,7 @@ def test_attention_split_over_threads_matches_batch_generator(loaded, schedule, 
     monkeypatch.setattr(cores, "MIN_SCORES", 1)
     monkeypatch.setattr(cores, "MIN_PREFILL", 2)  # prefill passes split too
     sch = oracle.BATCH_SCHEDULES[schedule]
-    prompts = oracle.batch_prompts(tok)
-    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
-            for _, _, r in sch["events"]}
+    rows = _rows(tok, sch)
     cores.use(2)
     try:
         drive(_scheduler(model, tok, sch["max_rows"], compile_step=compile_step),
@@ -365,9 +359,7 @@ def test_prompts_prefilled_together_match_batch_generator(loaded, schedule):
     BatchGenerator does with prefill_batch_size=3 (live: no golden for this setting)."""
     name, model, tok = loaded
     sch = oracle.BATCH_SCHEDULES[schedule]
-    prompts = oracle.batch_prompts(tok)
-    rows = {r: Collector(GenerationRequest(prompts[r], oracle.BATCH_ROWS[r][1]))
-            for _, _, r in sch["events"]}
+    rows = _rows(tok, sch)
     drive(_scheduler(model, tok, sch["max_rows"], prefill_rows=3), sch["events"], rows)
     assert {r: c.tokens for r, c in rows.items()} == oracle.run_batch_schedule(
         model, tok, sch, prefill_rows=3)
