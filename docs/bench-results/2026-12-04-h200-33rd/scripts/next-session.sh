@@ -1,7 +1,7 @@
 # For the next session (34th). Set up .device with
 # ../../2026-12-04-h200-31st/scripts/device-setup.sh, copy this file, ticktrace/,
-# ticksummary.py, probetrace.py, reuse.patch and reuse_sitecustomize.py (into
-# devrun/reuse/sitecustomize.py), ../../2026-12-04-h200-27th/scripts/d2.sh and
+# ticksummary.py, probetrace.py, reuse.patch and ../../2026-12-04-cpu-33rd/scripts/
+# reuse_sitecustomize.py (into devrun/reuse/sitecustomize.py), ../../2026-12-04-h200-27th/scripts/d2.sh and
 # ../../2026-12-03-h200-26th/scripts/t4.sh to devrun/, then calls at once: stage.sh with
 # .device/a, .device/c, .device/d; then, carrying .device/b and devrun:
 #   bash .device/b/install.sh && . /tmp/mlx-env && bash devrun/next-session.sh 1
