@@ -213,10 +213,14 @@ class BatchStep:
                 rows.filter([j for j in range(len(joined)) if j not in placed])
             self.drop_retired()  # (one re-forming for rows leaving and joining)
             self._decode.extend(rows)
-        elif self._decode.retired and not self.hold and not (len(self._prefill)
-                                                              or self._waiting):
+        elif self._decode.retired and not self._holding():
             self.drop_retired()  # (held for joins that have all come: see HOLD)
         return joined
+
+    def _holding(self) -> bool:
+        """Whether finished rows stay in the batch (see HOLD): on CUDA always, elsewhere
+        while a row is prefilling or waiting to, whose join can take a slot."""
+        return self.hold or bool(len(self._prefill) or self._waiting)
 
     def drop_retired(self) -> list[int]:
         """Filter the held rows out now (their uids also go to `dropped`)."""
@@ -261,7 +265,7 @@ class BatchStep:
                 done.append(i)
                 if self.drafter is not None:
                     self._forget(uid)
-        if done and keep and (self.hold or len(self._prefill) or self._waiting):
+        if done and keep and self._holding():
             for i in done:
                 d.retire(i)
             for e in events:
