@@ -63,6 +63,33 @@ def test_plan_error_lists_every_problem():
     assert len(e.value.problems) == 4
 
 
+def test_server_and_machine_values_are_checked_at_plan_time():
+    """Each refused with its valid range: before, a bad log level passed the plan and then
+    failed the server's start with a traceback, a bad default temperature failed every
+    request that left it out with a 400 blaming the client, and a negative bandwidth was
+    planned with (a "past ~-128 rows" ridge)."""
+    with pytest.raises(PlanError) as e:
+        resolve_overrides(["server.log_level=banana", "server.default_temperature=-1",
+                           "server.default_top_p=5", "machine.bandwidth_gbs=-1",
+                           "machine.tflops=0", "machine.headroom_gb=-100"])
+    msg = str(e.value)
+    for needle in ("server.log_level='banana'; valid choices: critical, error, warning, info",
+                   "server.default_temperature=-1.0 must be in 0..2",
+                   "server.default_top_p=5.0 must be in (0, 1]",
+                   "machine.bandwidth_gbs=-1.0 must be > 0, or null to detect it",
+                   "machine.tflops=0.0 must be > 0", "machine.headroom_gb=-100.0 must be >= 0"):
+        assert needle in msg
+    assert len(e.value.problems) == 6
+    assert resolve_overrides(["server.log_level=WARNING"]).server.log_level == "WARNING"
+
+
+def test_affine_kv_on_a_head_no_group_divides_names_the_schemes_that_serve():
+    with pytest.raises(PlanError, match="no group size .* divides it: affine KV cannot serve "
+                                        "this model; valid choices: kv=native, kv=turboquant"):
+        resolve_overrides(["model=synthetic", "model.shape=tiny-gemma3", "kv=affine4"])
+    assert resolve_overrides(["model=synthetic", "model.shape=tiny-gemma3", "kv=turboquant"])
+
+
 def _cli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "appliance.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120)

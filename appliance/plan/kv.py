@@ -152,9 +152,12 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
             problems.append(f"kv.group_size={kv.group_size} is not supported; valid choices: "
                             f"{', '.join(map(str, GROUP_SIZES))}")
         elif dim and dim % kv.group_size:
+            fits = [str(g) for g in GROUP_SIZES if dim % g == 0]
             problems.append(f"kv.group_size={kv.group_size} does not divide head_dim={dim}; "
-                            "valid choices: "
-                            f"{', '.join(str(g) for g in GROUP_SIZES if dim % g == 0)}")
+                            + (f"valid choices: {', '.join(fits)}" if fits else
+                               f"no group size ({', '.join(map(str, GROUP_SIZES))}) divides "
+                               "it: affine KV cannot serve this model; valid choices: "
+                               "kv=native, kv=turboquant"))
     else:
         if kv.rotation not in ROTATIONS:
             problems.append(f"kv.rotation={kv.rotation!r} is not supported; valid choices: "

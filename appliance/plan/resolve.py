@@ -38,6 +38,9 @@ from appliance.plan.source import (
     weights_resident,
 )
 
+# uvicorn's log levels (it raises a KeyError at start-up on any other)
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
 # What is implemented today. Later capabilities extend these sets.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BATCH_MODES = ("continuous", "serial")
@@ -141,6 +144,20 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         problems.append(f"server.host={srv.host} serves beyond this machine without a key; set "
                         "server.api_key (e.g. server.api_key='${oc.env:APPLIANCE_API_KEY}'), "
                         "or say server.allow_unauthenticated=true")
+    if str(srv.log_level).lower() not in LOG_LEVELS:
+        problems.append(f"server.log_level={srv.log_level!r}; valid choices: "
+                        + ", ".join(LOG_LEVELS))
+    # (the defaults a request without these fields gets: in the range a request may ask)
+    if not 0 <= srv.default_temperature <= 2:
+        problems.append(f"server.default_temperature={srv.default_temperature} must be in 0..2")
+    if not 0 < srv.default_top_p <= 1:
+        problems.append(f"server.default_top_p={srv.default_top_p} must be in (0, 1]")
+    for key in ("memory_gb", "gpu_cores", "bandwidth_gbs", "tflops"):
+        if getattr(mach, key) is not None and getattr(mach, key) <= 0:
+            problems.append(f"machine.{key}={getattr(mach, key)} must be > 0, or null to "
+                            "detect it")
+    if mach.headroom_gb < 0:
+        problems.append(f"machine.headroom_gb={mach.headroom_gb} must be >= 0")
     if not 0 < srv.port < 65536:
         problems.append(f"server.port={srv.port} must be in 1..65535")
     if srv.default_max_tokens < 1:
