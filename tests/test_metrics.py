@@ -21,6 +21,9 @@ def _scrape(url: str) -> dict:
     """{(sample name, frozenset(labels)): value}"""
     r = httpx.get(f"{url}/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    # each parameter once (Prometheus's Go parser refuses a repeated one), the format's version
+    params = [p.split("=")[0].strip() for p in r.headers["content-type"].split(";")[1:]]
+    assert sorted(params) == ["charset", "version"], r.headers["content-type"]
     return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(r.text) for s in family.samples}
 

@@ -212,6 +212,15 @@ def test_auto_parses_calls_out_of_the_text_as_it_streams():
     out = cut.feed('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b"') + cut.finish()
     assert [type(x) for x in out] == [CallStart, CallArgs, ToolCall]
     assert out[1].text == '{"a": 1, "b"' and not out[2].complete
+    # cut off inside the start markup of a call after one (max_tokens): no markup as content;
+    # with no call before it, the held text may be prose ("a < b"), and stays content
+    for tail in ("\n<", "\n<tool", "<tool_ca"):
+        after = ToolCallSplitter(fmt)
+        out = after.feed(text[:text.rindex("<tool_call>")] + tail) + after.finish()
+        assert [type(x) for x in out if not isinstance(x, (CallStart, CallArgs))] == \
+            [str, ToolCall, ToolCall], out
+    prose = ToolCallSplitter(fmt)
+    assert prose.feed("if a <") + prose.finish() == ["if a ", "<"]
     # a call that is not JSON is content, markup included
     bad = ToolCallSplitter(fmt)
     assert bad.feed("<tool_call>oops</tool_call> ok") + bad.finish() == \

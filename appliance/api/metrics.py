@@ -181,7 +181,12 @@ class _EngineCollector:
             yield family
 
 
-@get("/metrics", media_type=CONTENT_TYPE_LATEST, sync_to_thread=False)
+# Litestar adds the charset to a text/ type itself: given prometheus_client's, which names
+# one already, the header named it twice, which Go's media-type parser (Prometheus) refuses
+METRICS_TYPE = CONTENT_TYPE_LATEST.split("; charset=")[0]
+
+
+@get("/metrics", media_type=METRICS_TYPE, sync_to_thread=False)
 def metrics_endpoint(state: State) -> Response:
     """Prometheus text format (see appliance.api.metrics)."""
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(state.metrics.registry), media_type=METRICS_TYPE)

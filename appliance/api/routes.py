@@ -18,6 +18,7 @@ from appliance.api.errors import ClientGone, generation_failed, typed
 from appliance.api.requests import Prepared, prepare_chat, prepare_completion
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.textgen import Done, Piece, generate
+from appliance.plan.plan import without_paths
 
 log = logging.getLogger("appliance.api")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -144,7 +145,9 @@ async def plan(state: State) -> dict:
 
 @get("/stats")
 async def stats(state: State) -> dict:
-    return {"fingerprint": state.plan.fingerprint, **state.engine.stats()}
+    """Without an API key, as /v1/plan: no absolute paths (the SSD tier's)."""
+    body = {"fingerprint": state.plan.fingerprint, **state.engine.stats()}
+    return body if state.plan.server.api_key else without_paths(body)
 
 
 @get("/health")

@@ -112,14 +112,17 @@ class ToolCallSplitter:
         """At the end of generation: what is still held back. A call still open is released
         if it parses (the end markup is optional before end-of-sequence), or if it started
         streaming (then incomplete unless it parses); one cut off before its name was known
-        is dropped, as mlx-lm's server drops it: the finish reason says so."""
+        is dropped, as mlx-lm's server drops it: the finish reason says so. So is the start
+        markup of a call after another, cut off."""
         out: list = []
         if self.in_call and not self.done:
             body = self.buf[:len(self.buf) - _partial(self.buf, self.fmt.end)]
             if not self._close(out, body, None):
                 log.warning("dropped a tool call cut off mid-way: %r", self.buf[:200])
-        elif not self.done:
-            self._content(out, self.buf)
+        elif not self.done and not self.calls:
+            self._content(out, self.buf)  # held as a possible start; with no call, prose
+        elif self.buf and not self.done:  # after a call: another's start, cut off; dropped
+            log.warning("dropped a tool call's start cut off: %r", self.buf)
         self.buf, self.in_call = "", False
         return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 from appliance.plan.draft import DraftPlan
@@ -139,13 +140,8 @@ class ExecutionPlan:
         absolute paths (what an unauthenticated /v1/plan shows)."""
         d = asdict(self)
         d["server"]["api_key"] = "<set>" if self.server.api_key else None
-        if public:
-            from pathlib import Path
-
-            d["model"]["path"] = Path(d["model"]["path"]).name
-            if d["cache"]["ssd_path"]:
-                d["cache"]["ssd_path"] = Path(d["cache"]["ssd_path"]).name
-        return {"fingerprint": d.pop("fingerprint"), **d}
+        d = {"fingerprint": d.pop("fingerprint"), **d}
+        return without_paths(d) if public else d
 
     def to_yaml(self) -> str:
         import yaml
@@ -155,6 +151,21 @@ class ExecutionPlan:
         return (yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=100)
                 + yaml.safe_dump({"derived": derived}, sort_keys=False,
                                  default_flow_style=False, width=100))
+
+
+# An absolute path: a '/' not inside a word ("tok/s", "1/2"), then at least one directory
+_ABSOLUTE = re.compile(r"(?<![\w.~])/(?:[\w.+-]+/)+([\w.+-]*)")
+
+
+def without_paths(x):
+    """`x` (data) with every absolute path in its strings cut to its last part, sentences
+    included (the model's, the SSD tier's, the BLAS library's): what a reader without the
+    API key sees."""
+    if isinstance(x, dict):
+        return {k: without_paths(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [without_paths(v) for v in x]
+    return _ABSOLUTE.sub(r"\1", x) if isinstance(x, str) else x
 
 
 def _plain(x):
