@@ -10,6 +10,8 @@ import jsonschema
 import pytest
 from conftest import app_for
 
+from appliance.plan.source import EMBEDDED_MODEL
+
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},
     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
@@ -37,6 +39,32 @@ def test_text_matches_chat_completions(claude, client, plan):
     u = m.usage
     assert u.input_tokens + u.cache_read_input_tokens == r.usage.prompt_tokens
     assert u.output_tokens == r.usage.completion_tokens
+
+
+def test_a_final_assistant_turn_is_continued(claude, client, plan):
+    """Anthropic's prefill: the reply continues the final assistant turn, and only the
+    continuation comes back; it equals a raw completion of the continued template."""
+    turns = [{"role": "user", "content": "Write an add function."},
+             {"role": "assistant", "content": "def add(a, b):"}]
+    m = claude.messages.create(model=plan.model.id, max_tokens=12, messages=turns,
+                               extra_body={"temperature": 0})
+    from mlx_lm.tokenizer_utils import load
+
+    prompt = load(EMBEDDED_MODEL).apply_chat_template(turns, continue_final_message=True,
+                                                      tokenize=False)
+    assert prompt.endswith("def add(a, b):")
+    r = client.completions.create(model=plan.model.id, prompt=prompt, max_tokens=12,
+                                  temperature=0)
+    assert m.content[0].text == r.choices[0].text
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == r.usage.prompt_tokens
+    # where a continuation cannot be what was asked, refused by name
+    for last, extra, why in (("def add(a, b): ", {}, "cannot end with whitespace"),
+                             ("{", {"output_config": {"format": {
+                                 "type": "json_schema", "schema": WEATHER}}},
+                              "under a forced tool choice or an output format")):
+        with pytest.raises(anthropic.BadRequestError, match=why):
+            claude.messages.create(model=plan.model.id, max_tokens=4, **extra, messages=[
+                turns[0], {"role": "assistant", "content": last}])
 
 
 def test_prefix_cache_reads_are_reported():
@@ -138,6 +166,7 @@ def test_tool_choice_none_keeps_the_tools_and_answers_in_text(claude, plan):
     ({"tools": [{"name": "f", "input_schema": {"type": "object"}, "bogus": 1}]}, 400,
      "tools[0].bogus"),
     ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
+    ({"stop_sequences": [""]}, 400, "stop_sequences: "),
 ])
 def test_errors_have_anthropics_shape(claude, plan, extra, status, fragment):
     kw = {"model": plan.model.id, "max_tokens": 5, "messages": MSGS, **extra}

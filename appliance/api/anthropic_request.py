@@ -198,8 +198,10 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer) -> Prepared:
     tool_choice, parallel = _tool_choice(body.tool_choice)
     conv = Conversation(_messages(body), _tools(body.tools), tool_choice, parallel, schema,
                         max_tokens=("max_tokens", body.max_tokens),
-                        schema_param="output_config.format.schema")
-    return prepare_conversation(conv, sampling, _stops(body.stop_sequences), plan, tokenizer)
+                        schema_param="output_config.format.schema",
+                        continue_final=body.messages[-1].get("role") == "assistant")
+    return prepare_conversation(conv, sampling, _stops(body.stop_sequences, "stop_sequences"), plan,
+                                tokenizer)
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -88,10 +88,11 @@ def _sampling(body: _Sampling, plan: ExecutionPlan, vocab: int) -> SamplingParam
     )
 
 
-def _stops(stop) -> tuple[str, ...]:
+def _stops(stop, param: str = "stop") -> tuple[str, ...]:
+    """`param`: the field the request named them in."""
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
-        raise invalid("stop", "stop sequences must be non-empty strings")
+        raise invalid(param, "stop sequences must be non-empty strings")
     return tuple(stops)
 
 
@@ -220,6 +221,8 @@ class Conversation:
     prompt_param: str = "messages"
     tools_param: str = "tools"
     schema_param: str = "response_format.json_schema.schema"
+    # the final message is the assistant's, to continue (Anthropic's prefill), not to answer
+    continue_final: bool = False
 
 
 def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
@@ -257,8 +260,12 @@ def prepare_conversation(conv: Conversation, sampling: SamplingParams, stops: tu
     out = output_spec(tokenizer, plan.model.vocab_size, conv.tools, conv.tool_choice,
                       conv.parallel_tool_calls, conv.schema, conv.tools_param,
                       conv.schema_param)
+    if conv.continue_final:
+        _check_prefill(messages[-1], out, conv.prompt_param)
+    cont = conv.continue_final
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=not cont,
+                                             continue_final_message=cont,
                                              tools=out.template_tools, tokenize=False)
     except Exception as e:  # template errors (e.g. bad role order) are the caller's
         raise invalid(conv.prompt_param, f"the chat template rejected them: {e}") from e
@@ -272,6 +279,17 @@ def prepare_conversation(conv: Conversation, sampling: SamplingParams, stops: tu
     return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=logprobs,
                                       checkpoints=checkpoints), stops, include_usage,
                     tools=out.tools)
+
+
+def _check_prefill(last: dict, out, param: str) -> None:
+    """A final assistant turn is continued as written: refused where that cannot hold."""
+    if last.get("tool_calls"):
+        raise invalid(param, "a final assistant turn with a tool call cannot be continued")
+    if last["content"] != last["content"].rstrip():
+        raise invalid(param, "a final assistant turn cannot end with whitespace")
+    if out.grammar is not None:  # (its grammar would constrain the reply from its start)
+        raise invalid(param, "a final assistant turn cannot be continued under a forced "
+                             "tool choice or an output format")
 
 
 MAX_CHECKPOINT_RENDERS = 8  # templates rendered per request to find message ends
