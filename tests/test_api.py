@@ -110,12 +110,17 @@ def test_raw_sse_framing(server, plan):
 
 def test_models_plan_health_openapi(client, server, plan):
     assert [m.id for m in client.models.list().data] == [plan.model.id]
+    assert client.models.retrieve(plan.model.id).id == plan.model.id
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-nope")
+    assert e.value.body["code"] == "model_not_found" and "gpt-nope" in e.value.body["message"]
     p = httpx.get(f"{server}/v1/plan").json()
     assert p["fingerprint"] == plan.fingerprint
     assert p["model"]["path"] == Path(plan.model.path).name  # no key: no absolute paths
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
     schema = httpx.get(f"{server}/schema/openapi.json").json()
     assert "/v1/chat/completions" in schema["paths"]
+    assert {"200", "404"} <= set(schema["paths"]["/v1/models/{model_id}"]["get"]["responses"])
 
 
 @pytest.mark.parametrize("body,param", [

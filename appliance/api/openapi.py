@@ -38,6 +38,7 @@ SUCCESS = {  # path -> the 200 body's component
     "/v1/chat/completions": "ChatCompletion",
     "/v1/completions": "Completion",
     "/v1/models": "ModelList",
+    "/v1/models/{model_id}": "Model",
     "/health": "Health",
 }
 WHY = {
@@ -69,6 +70,8 @@ def _statuses(path: str, method: str, plan: ExecutionPlan) -> list[int]:
         codes.append(401)
     if method == "post":
         codes += [400, 404, 415, 429, 503]
+    elif path.startswith("/v1/models/"):
+        codes.append(404)
     return codes
 
 

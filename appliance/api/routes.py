@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 
 from litestar import Request, get, post
 from litestar.datastructures import State
-from litestar.params import JSONBody
+from litestar.params import FromPath, JSONBody
 from litestar.response import Response, Stream
 
 from appliance.api import anthropic, metrics, responses, wire
-from appliance.api.errors import ClientGone, generation_failed, typed
+from appliance.api.errors import APIError, ClientGone, generation_failed, typed
 from appliance.api.requests import Prepared, prepare_chat, prepare_completion
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest
 from appliance.api.textgen import Done, Piece, generate
@@ -131,10 +131,24 @@ async def completions(request: Request, state: State,
     return await _respond(request, state, prep, fmt, data.stream)
 
 
+def _model(state: State) -> dict:
+    return {"id": state.plan.model.id, "object": "model", "created": state.started,
+            "owned_by": "appliance"}
+
+
 @get("/v1/models")
 async def models(state: State) -> dict:
-    return {"object": "list", "data": [{"id": state.plan.model.id, "object": "model",
-                                        "created": state.started, "owned_by": "appliance"}]}
+    return {"object": "list", "data": [_model(state)]}
+
+
+@get("/v1/models/{model_id:path}")
+async def model(state: State, model_id: FromPath[str]) -> dict:
+    """One model (the openai client's `models.retrieve`); ids may hold a '/'."""
+    if model_id.lstrip("/") != state.plan.model.id:
+        raise APIError(404, f"model {model_id.lstrip('/')!r} does not exist; this server "
+                            f"serves {state.plan.model.id!r}", param="model",
+                       code="model_not_found")
+    return _model(state)
 
 
 @get("/v1/plan")
@@ -161,5 +175,5 @@ async def health(state: State) -> Response:
     return Response(body, status_code=200 if failure is None else 503)
 
 
-ROUTES = [chat_completions, completions, models, plan, stats, health,
+ROUTES = [chat_completions, completions, models, model, plan, stats, health,
           *anthropic.ROUTES, *responses.ROUTES]
