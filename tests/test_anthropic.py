@@ -147,6 +147,16 @@ def test_tool_choice_none_keeps_the_tools_and_answers_in_text(claude, plan):
     assert "<tool_call>" not in m.content[0].text
 
 
+def test_count_tokens_counts_past_the_context_limit(claude, plan):
+    """A client counts to learn when to compact: a prompt the server could not serve is
+    counted, not refused (generating from it is)."""
+    long = [{"role": "user", "content": "word " * 5000}]
+    n = claude.messages.count_tokens(model=plan.model.id, messages=long).input_tokens
+    assert n > plan.server.max_context
+    with pytest.raises(anthropic.BadRequestError, match="context limit"):
+        claude.messages.create(model=plan.model.id, max_tokens=2, messages=long)
+
+
 @pytest.mark.parametrize("extra,status,fragment", [
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "thinking"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "tools[0].type"),

@@ -61,7 +61,7 @@ def test_a_foreign_host_header_is_refused_on_a_loopback_bind(server):
     r = httpx.get(f"{server}/v1/models", headers={"Host": "attacker.example"})
     assert r.status_code == 403 and r.json()["error"]["code"] == "foreign_host"
     port = server.rsplit(":", 1)[1]
-    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LocalHost"):
         assert httpx.get(f"{server}/v1/models", headers={"Host": host}).status_code == 200
 
 

@@ -186,7 +186,7 @@ async def count_tokens(request: Request, state: State,
     """The prompt's tokens as /v1/messages would count them."""
     await typed(request, CountTokensRequest)
     body = MessagesRequest(max_tokens=1, **{f: getattr(data, f) for f in data.__struct_fields__})
-    prep = await asyncio.to_thread(prepare_messages, body, state.plan, state.tokenizer)
+    prep = await asyncio.to_thread(prepare_messages, body, state.plan, state.tokenizer, True)
     return {"input_tokens": len(prep.engine_request.prompt)}
 
 

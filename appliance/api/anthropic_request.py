@@ -160,7 +160,10 @@ def _tool_choice(choice) -> tuple[Any, bool | None]:
     raise invalid("tool_choice.type", f"{kind!r} is not one of auto, any, tool, none")
 
 
-def prepare_messages(body: MessagesRequest, plan, tokenizer) -> Prepared:
+def prepare_messages(body: MessagesRequest, plan, tokenizer, count_only: bool = False
+                     ) -> Prepared:
+    """`count_only`: for count_tokens, which counts a prompt past the context limit too
+    (a client counts to learn when to compact)."""
     if body.model != plan.model.id:
         raise APIError(404, f"model: {body.model!r} does not exist; this server serves "
                             f"{plan.model.id!r}", param="model", code="model_not_found")
@@ -199,7 +202,8 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer) -> Prepared:
     conv = Conversation(_messages(body), _tools(body.tools), tool_choice, parallel, schema,
                         max_tokens=("max_tokens", body.max_tokens),
                         schema_param="output_config.format.schema",
-                        continue_final=body.messages[-1].get("role") == "assistant")
+                        continue_final=body.messages[-1].get("role") == "assistant",
+                        count_only=count_only)
     return prepare_conversation(conv, sampling, _stops(body.stop_sequences, "stop_sequences"), plan,
                                 tokenizer)
 

@@ -145,6 +145,11 @@ def _message_dict(i: int, m) -> dict:
         if getattr(m, name) is not None:
             raise invalid(f"messages[{i}].{name}", "is not supported in messages")
     content = m.content
+    if content is None and not (m.role == "assistant" and m.tool_calls):  # as OpenAI's
+        raise invalid(f"messages[{i}].content", f"is required in a {m.role} message"
+                      + (" without tool_calls" if m.role == "assistant" else ""))
+    if m.role == "tool" and not m.tool_call_id:
+        raise invalid(f"messages[{i}].tool_call_id", "is required in a tool message")
     if isinstance(content, list):  # text parts only, joined (as mlx-lm's server does)
         if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in content):
             raise invalid(f"messages[{i}].content", "only 'text' content parts are supported")
@@ -223,6 +228,7 @@ class Conversation:
     schema_param: str = "response_format.json_schema.schema"
     # the final message is the assistant's, to continue (Anthropic's prefill), not to answer
     continue_final: bool = False
+    count_only: bool = False  # only its tokens are asked for: no context limit applies
 
 
 def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
@@ -255,8 +261,9 @@ def prepare_conversation(conv: Conversation, sampling: SamplingParams, stops: tu
                          include_usage: bool = False) -> Prepared:
     """Template, tokens, limits and output constraints of a conversation."""
     messages = conv.messages
-    _refuse_if_surely_too_long(tokenizer, [m["content"] for m in messages], plan,
-                               conv.prompt_param)
+    if not conv.count_only:
+        _refuse_if_surely_too_long(tokenizer, [m["content"] for m in messages], plan,
+                                   conv.prompt_param)
     out = output_spec(tokenizer, plan.model.vocab_size, conv.tools, conv.tool_choice,
                       conv.parallel_tool_calls, conv.schema, conv.tools_param,
                       conv.schema_param)
@@ -270,8 +277,8 @@ def prepare_conversation(conv: Conversation, sampling: SamplingParams, stops: tu
     except Exception as e:  # template errors (e.g. bad role order) are the caller's
         raise invalid(conv.prompt_param, f"the chat template rejected them: {e}") from e
     ids, checkpoints = _chat_ids(tokenizer, messages, out.template_tools, text)
-    max_tokens = _max_tokens(conv.max_tokens[1], len(ids), plan, conv.max_tokens[0],
-                             conv.prompt_param)
+    max_tokens = 1 if conv.count_only else _max_tokens(
+        conv.max_tokens[1], len(ids), plan, conv.max_tokens[0], conv.prompt_param)
     if out.grammar is not None:
         sampling = replace(sampling, constraint=out.grammar)
     if out.tools is not None and out.tools.max_calls == 1 and out.grammar is None:

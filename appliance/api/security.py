@@ -25,7 +25,7 @@ def _hostname(header: str) -> str:
 async def guard(connection: ASGIConnection, _handler) -> None:  # (async: metrics.before_send)
     server = connection.app.state.plan.server
     if is_loopback(server.host):
-        host = _hostname(connection.headers.get("host", ""))
+        host = _hostname(connection.headers.get("host", "")).lower()  # (names: any case)
         if not is_loopback(host):
             raise APIError(403, f"Host {host!r} is not this server's: on a loopback bind only "
                                 "localhost, 127.0.0.1 and ::1 are served (DNS rebinding)",
