@@ -69,18 +69,20 @@ def test_stats_during_load(server, plan):
 
 
 def test_over_budget_is_400_and_full_queue_is_429():
-    with app_for(["batch.max_rows=1", "batch.max_queue=1", "batch.kv_budget=1MiB"]) as (
+    with app_for(["batch.max_rows=1", "batch.max_queue=1", "batch.kv_budget=2MiB"]) as (
             plan, engine, url):
-        fits = 1024**2 // plan.kv.bytes_per_token  # tokens one row may hold
+        # the plan caps the context at what one row may hold in the budget (in 256s)
+        fits = 2 * 1024**2 // plan.kv.bytes_per_token  # tokens one row may hold
+        assert plan.server.max_context == fits // 256 * 256 < fits
         r = httpx.post(f"{url}/v1/completions", json={
-            "model": plan.model.id, "prompt": "def ", "max_tokens": fits + 10})
+            "model": plan.model.id, "prompt": "def ", "max_tokens": plan.server.max_context})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert "batch.kv_budget" in err["message"] and err["param"] == "max_tokens"
+        assert "server.max_context" in err["message"] and err["param"] == "max_tokens"
 
         no_eos = {str(t): -100 for t in engine.eos_ids}
-        long = {"model": plan.model.id, "prompt": "def ", "max_tokens": fits - 10,
-                "logit_bias": no_eos}
+        long = {"model": plan.model.id, "prompt": "def ",
+                "max_tokens": plan.server.max_context - 16, "logit_bias": no_eos}
         results = []
 
         def send():

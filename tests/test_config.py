@@ -83,6 +83,22 @@ def test_server_and_machine_values_are_checked_at_plan_time():
     assert resolve_overrides(["server.log_level=WARNING"]).server.log_level == "WARNING"
 
 
+def test_a_kv_budget_holds_one_row_of_the_context():
+    """Set by hand, batch.kv_budget caps the derived context at what one row may hold; below
+    one row of a context set by hand (or of 256 tokens) it is refused: before, the plan
+    passed and every request got a 400 that no shorter prompt could help."""
+    per = resolve_overrides([]).kv.bytes_per_token
+    capped = resolve_overrides([f"batch.kv_budget={1000 * per}"])
+    assert capped.server.max_context == 768 and capped.batch.kv_budget_bytes == 1000 * per
+    assert "capped at 768" in capped.derived["server.max_context"]
+    for bad in (["batch.kv_budget=1KiB"],
+                [f"batch.kv_budget={1000 * per}", "server.max_context=4096"]):
+        with pytest.raises(PlanError, match=r"batch.kv_budget=\d+\w* holds [\d,]+ tokens of KV "
+                                            r".* less than one row of server.max_context="):
+            resolve_overrides(bad)
+    assert resolve_overrides([f"batch.kv_budget={4096 * per}", "server.max_context=4096"])
+
+
 def test_affine_kv_on_a_head_no_group_divides_names_the_schemes_that_serve():
     with pytest.raises(PlanError, match="no group size .* divides it: affine KV cannot serve "
                                         "this model; valid choices: kv=native, kv=turboquant"):

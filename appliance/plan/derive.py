@@ -222,6 +222,11 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
                    f"{KV_SHARE:.0%} of the {gib(free)} left after the weights" if ctx < trained
                    else f"; one such row and its copies ({gib(3 * ctx * s.per_token)}) fit "
                         f"easily in the {gib(free)} left after the weights"))
+            held = (kv_budget or 0) // s.per_token // 256 * 256
+            if kv_budget is not None and 256 <= held < ctx:  # (below 256: a plan error)
+                ctx = held
+                why["server.max_context"] += (f"; then capped at {ctx}, what one row may "
+                                              f"hold in batch.kv_budget={gib(kv_budget)}")
     else:
         ctx = max_context
     typical = min(w.typical_context, ctx)

@@ -319,6 +319,10 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                              - d.hit_copy) // 2, max_ctx),
                      activations_bytes=d.activations, buffer_cache_bytes=d.buffer_cache,
                      copies_bytes=d.copies, ram_bytes=ram_cap, ceiling_bytes=ceiling)
+    if kv_budget is not None and kv_budget < per_tok * max_ctx:  # (no request could use it)
+        problems.append(f"batch.kv_budget={b.kv_budget} holds {kv_budget // per_tok:,} tokens of "
+                        f"KV ({per_tok:,} bytes each), less than one row of server.max_context="
+                        f"{max_ctx}; raise it, or lower server.max_context")
     left = usable - ceiling  # < 0: the parts do not fit; say which knob to lower
     fixed = weights + d.activations + d.buffer_cache + d.hit_copy
     if ctx_set is not None and 3 * per_tok * max_ctx > usable - fixed + d.hit_copy:
