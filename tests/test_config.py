@@ -83,6 +83,17 @@ def test_server_and_machine_values_are_checked_at_plan_time():
     assert resolve_overrides(["server.log_level=WARNING"]).server.log_level == "WARNING"
 
 
+@pytest.mark.parametrize("bad,problem", [
+    ("server.max_context=0", "server.max_context=0 must be >= 2"),
+    ("batch.max_rows=-1", "batch.max_rows=-1 must be >= 1")])
+def test_one_bad_value_is_one_problem(bad, problem):
+    """Not also its echo in a check that reads it (before: a second `>= 1` for the context,
+    a prefill_rows range of 1..-1)."""
+    with pytest.raises(PlanError) as e:
+        resolve_overrides([bad])
+    assert e.value.problems == [problem]
+
+
 def test_a_kv_budget_holds_one_row_of_the_context():
     """Set by hand, batch.kv_budget caps the derived context at what one row may hold; below
     one row of a context set by hand (or of 256 tokens) it is refused: before, the plan

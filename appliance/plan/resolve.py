@@ -61,17 +61,18 @@ def _choice(problems: list[str], field: str, value: Any, valid: tuple) -> None:
         problems.append(f"{field}={value!r} is not supported; valid choices: {', '.join(valid)}")
 
 
-def _auto_int(problems: list[str], field: str, value: Any) -> int | None:
+def _auto_int(problems: list[str], field: str, value: Any, least: int = 1) -> int | None:
     """An `auto`-or-integer knob: None for auto (derived later), else the integer."""
     if value == "auto":
         return None
     try:
         n = int(value)
     except (TypeError, ValueError):
-        problems.append(f"{field}={value!r} is not a number; write an integer >= 1, or auto")
+        problems.append(f"{field}={value!r} is not a number; write an integer >= {least}, "
+                        "or auto")
         return None
-    if n < 1:
-        problems.append(f"{field}={value} must be >= 1")
+    if n < least:
+        problems.append(f"{field}={value} must be >= {least}")
     return n
 
 
@@ -97,7 +98,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     chunk_set = _auto_int(problems, "batch.prefill_chunk", b.prefill_chunk)
     rows_set = _auto_int(problems, "batch.max_rows", b.max_rows)
     threads_set = _auto_int(problems, "batch.attention_threads", b.attention_threads)
-    if b.prefill_rows < 1 or (rows_set and b.prefill_rows > rows_set):
+    if b.prefill_rows < 1 or (rows_set and rows_set >= 1 and b.prefill_rows > rows_set):
         problems.append(f"batch.prefill_rows={b.prefill_rows} must be in 1..batch.max_rows "
                         f"({b.max_rows})")
     if b.mode == "serial" and rows_set not in (None, 1):
@@ -167,9 +168,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     if srv.warmup not in ("auto", True, False):
         problems.append(f"server.warmup={srv.warmup!r}; valid choices: auto, true, false")
     ctx_set = None if srv.max_context is None else _auto_int(problems, "server.max_context",
-                                                              srv.max_context)
-    if ctx_set is not None and ctx_set < 2:
-        problems.append(f"server.max_context={srv.max_context} must be >= 2")
+                                                              srv.max_context, least=2)
     if srv.clients < 1 or srv.typical_context < 1:
         problems.append(f"server.clients={srv.clients} and server.typical_context="
                         f"{srv.typical_context} must be >= 1")
