@@ -120,3 +120,11 @@ def test_tune_writes_a_profile_that_resolves(tmp_path):
     (tmp_path / "profiles" / "mine.yaml").write_text("batch:\n  max_rows: 3\n")
     r = _cli(["mode=tune", "tune.profile=mine", *TINY], tmp_path, 120)
     assert r.returncode == 2 and "was not written by mode=tune" in r.stderr
+    # nor named as a shipped profile (it would hide it) or one the run is tuned on (it would
+    # include itself: once a RecursionError on every later plan in this directory)
+    r = _cli(["mode=tune", "tune.profile=agent-fleet", *TINY], tmp_path, 120)
+    assert r.returncode == 2 and "is a shipped profile's name" in r.stderr
+    r = _cli(["mode=tune", "tune.profile=tuned-test", "+profile=[m4-pro,tuned-test]", *TINY],
+             tmp_path, 120)
+    assert r.returncode == 2 and "the tuned file would include itself" in r.stderr
+    assert not (tmp_path / "profiles" / "agent-fleet.yaml").exists()

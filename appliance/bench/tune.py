@@ -10,7 +10,7 @@ TTFT p95 <= tune.ttft_p95_ms and no request failed. Otherwise it is a penalty be
 feasible trial: -(p95 / bound) when only the bound is missed (closer is better), FAILED on
 errors or a refused plan. When the sweep ends, sweep.py's callback calls `write_profile`:
 the best feasible trial becomes <tune.profiles_dir>/<tune.profile>.yaml, which
-`+profile=<name>` then loads (./profiles is searched after the shipped profiles).
+`+profile=<name>` then loads (from ./profiles; a shipped profile's name is refused).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from appliance.config.hydra_setup import profiles_dir
 
 # tune.<field> -> the setting it searches
 KNOBS = {"max_rows": "batch.max_rows", "prefill_chunk": "batch.prefill_chunk",
@@ -47,6 +49,13 @@ def check(cfg, task: list[str], trial: bool) -> list[str]:
         problems.append(f"mode=tune measures bench=agents, not bench={cfg.bench.workload}")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(t.profile)):
         problems.append(f"tune.profile={t.profile!r}: a file name (letters, digits, _ . -)")
+    elif (Path(t.profiles_dir).resolve() != profiles_dir().resolve()
+          and (profiles_dir() / f"{t.profile}.yaml").is_file()):
+        problems.append(f"tune.profile={t.profile} is a shipped profile's name: the tuned file "
+                        "would hide it wherever it is found; choose another name")
+    elif t.profile in _bases(task):
+        problems.append(f"tune.profile={t.profile} is also a profile this run is tuned on: "
+                        "the tuned file would include itself; choose another name")
     else:
         path = Path(t.profiles_dir) / f"{t.profile}.yaml"
         if path.is_file() and not path.read_text().startswith(MARK):
@@ -65,6 +74,12 @@ def check(cfg, task: list[str], trial: bool) -> list[str]:
         except ValueError as e:
             problems.append(f"tune.ram_bytes: {e}")
     return problems
+
+
+def _bases(task: list[str]) -> set[str]:
+    """The profiles named on the command line (+profile=a or +profile=[a,b])."""
+    return {name.strip() for o in task if _key(o) == "profile"
+            for name in o.split("=", 1)[1].strip("[]").split(",")}
 
 
 def search_space(cfg, plan, task: list[str]) -> list[str]:
