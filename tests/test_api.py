@@ -89,6 +89,8 @@ def test_no_logprobs_past_a_stop(client, plan, engine):
             tokens = [t for c in choices if c.logprobs for t in c.logprobs.tokens]
             assert text == full[: full.find(stop)] and tokens
             assert len("".join(tokens[:-1])) < len(text) <= len("".join(tokens)), (stop, tokens)
+            offsets = [o for c in choices if c.logprobs for o in c.logprobs.text_offset]
+            assert offsets == [len("".join(tokens[:k])) for k in range(len(tokens))]
 
 
 def test_stream_usage_when_asked(client, plan):

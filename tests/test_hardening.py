@@ -167,6 +167,11 @@ def test_stream_events_are_strict_json_even_for_nan_logprobs(server, plan):
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert all(_strict(e) is not None for e in events[:-1])
+    # and a number, as OpenAI's schema has it (-9999 for a token ruled out), never null
+    assert wire._lp(float("nan")) == wire._lp(float("-inf")) == wire.FLOOR == -9999.0
+    lps = [x["logprob"] for e in events[:-1] for c in _strict(e)["choices"]
+           if c.get("logprobs") for t in c["logprobs"]["content"] for x in [t, *t["top_logprobs"]]]
+    assert lps and all(isinstance(v, float) for v in lps)
 
 
 def test_an_unexpected_500_is_logged():

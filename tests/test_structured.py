@@ -53,6 +53,18 @@ def test_streaming_and_seeded_sampling(client, plan):
     assert texts[0] == texts[1]  # same seed, same constrained sample
 
 
+def test_logprobs_under_a_grammar_are_numbers(server, plan):
+    """The alternatives the grammar masks are left out of top_logprobs (they were -inf,
+    written as null, which OpenAI's schema does not allow: logprob is a number)."""
+    r = httpx.post(f"{server}/v1/chat/completions", timeout=60, json={
+        "model": plan.model.id, "messages": MSGS, "max_tokens": 12, "temperature": 0,
+        "response_format": FORMAT, "logprobs": True, "top_logprobs": 5}).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    values = [e["logprob"] for t in content for e in [t, *t["top_logprobs"]]]
+    assert values and all(isinstance(v, float) and v > -1e4 for v in values)
+    assert min(len(t["top_logprobs"]) for t in content) < 5  # a forced token: fewer left
+
+
 def test_constrained_and_free_rows_share_a_batch(client, plan, engine):
     """Eight concurrent requests, half constrained (various sampling), half free."""
     def one(i):

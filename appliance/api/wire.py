@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from appliance.api.textgen import Done, Piece
@@ -23,10 +25,24 @@ def usage(done: Done) -> dict:
 
 
 def sse(obj) -> bytes:
-    """One server-sent event. msgspec writes a NaN or infinite log-probability (an extreme
-    repetition_penalty can make one) as null, as the non-streaming responses do; json.dumps
-    wrote bare NaN / -Infinity, which no JSON parser accepts."""
+    """One server-sent event (msgspec: json.dumps wrote bare NaN / -Infinity, which no JSON
+    parser accepts; log-probabilities are finite by then: `_lp`)."""
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+FLOOR = -9999.0  # OpenAI's log-probability for a token it deems impossible
+
+
+def _lp(v: float) -> float:
+    """A log-probability as OpenAI's schema has it, a number: -inf (a token an extreme
+    repetition_penalty ruled out) or NaN becomes FLOOR, not JSON's null."""
+    return v if math.isfinite(v) else FLOOR
+
+
+def _top(top) -> list:
+    """The alternatives a grammar or bias left possible (a masked token is not one of the
+    most likely: OpenAI allows fewer than asked)."""
+    return [(i, v) for i, v in top if v > -math.inf]
 
 
 def tool_call(c: ToolCall) -> dict:
@@ -44,13 +60,13 @@ class Chat:
 
     def _entry(self, tid: int, lp: float) -> dict:
         text = self.tok.decode([tid])
-        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode())}
 
     def logprobs(self, pieces: list[Piece]) -> dict | None:
         if not self.want:
             return None
         return {"content": [{**self._entry(t.id, t.logprob),
-                             "top_logprobs": [self._entry(i, v) for i, v in t.top]}
+                             "top_logprobs": [self._entry(i, v) for i, v in _top(t.top)]}
                             for p in pieces for t in p.tokens]}
 
     def first_chunk(self) -> dict | None:
@@ -86,15 +102,21 @@ class Completion(Chat):
     """text_completion (same object name for chunks, as OpenAI does)."""
 
     kind, chunk_kind, id_prefix = "text_completion", "text_completion", "cmpl-"
+    at = 0  # characters of text whose tokens' offsets were sent
 
     def logprobs(self, pieces: list[Piece]) -> dict | None:
         if not self.want:
             return None
         toks = [t for p in pieces for t in p.tokens]
-        return {"tokens": [self.tok.decode([t.id]) for t in toks],
-                "token_logprobs": [t.logprob for t in toks],
-                "top_logprobs": [{self.tok.decode([i]): v for i, v in t.top} for t in toks],
-                "text_offset": None}
+        texts = [self.tok.decode([t.id]) for t in toks]
+        offsets = []
+        for text in texts:  # each token's start in the completion's text, across chunks
+            offsets.append(self.at)
+            self.at += len(text)
+        return {"tokens": texts, "token_logprobs": [_lp(t.logprob) for t in toks],
+                "top_logprobs": [{self.tok.decode([i]): v for i, v in _top(t.top)}
+                                 for t in toks],
+                "text_offset": offsets}
 
     def first_chunk(self) -> dict | None:
         return None
