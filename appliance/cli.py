@@ -94,8 +94,14 @@ def run(cfg) -> int:
             _objective = tune.FAILED
             return 0
         problems += e.problems
+    if not problems and bench_cfg_reads_agents(cfg, task, hc.mode == RunMode.MULTIRUN):
+        from appliance.bench.agents import context_problems
+
+        problems += context_problems(plan, cfg.bench)
     if problems:
         print(PlanError(problems).render(), file=sys.stderr)
+        if cfg.mode == "bench" and hc.mode != RunMode.MULTIRUN:
+            _drop_if_empty(hc.runtime.output_dir)  # a refused bench leaves no ./bench/<time>/
         return 2
 
     if hc.mode == RunMode.MULTIRUN:
@@ -122,6 +128,28 @@ def run(cfg) -> int:
     from appliance.serve import serve
 
     return serve(plan)  # 0, or EXIT_ENGINE_FAILED for a supervisor to restart it
+
+
+def _drop_if_empty(run_dir: str) -> None:
+    """A single bench's ./bench/<time>/, and ./bench, where nothing was written in them."""
+    from pathlib import Path
+
+    d = Path(run_dir).absolute()
+    if d.parent.name != "bench" or d == Path.cwd():  # (only the layout _run_dir makes)
+        return
+    for p in (d, d.parent):
+        try:
+            p.rmdir()  # (an empty one only)
+        except OSError:
+            return
+
+
+def bench_cfg_reads_agents(cfg, task: list[str], multirun: bool) -> bool:
+    """A bench=agents run the appliance serves (or a tune launch, checked once, not per
+    trial): its workload must fit the plan's context (`agents.context_problems`)."""
+    if cfg.mode == "tune":
+        return not multirun
+    return cfg.mode == "bench" and cfg.bench.workload == "agents" and cfg.bench.target == "self"
 
 
 def main() -> None:

@@ -44,6 +44,26 @@ def test_conversations_are_seeded_and_distinct():
     assert other.think_s != a.think_s and other.system == a.system
 
 
+def test_a_workload_past_the_context_is_refused_before_it_runs(tmp_path):
+    """Its last turns would each fail with a 400 (4 of 24 requests once; in mode=tune every
+    trial): refused up front, naming what to lower, for a bench and a tune launch alike."""
+    from conftest import resolve_overrides
+
+    from appliance.bench.agents import context_problems
+
+    plan = resolve_overrides(CPU)
+    assert context_problems(plan, BenchConfig(**TINY)) == []
+    long = BenchConfig(**{**TINY, "turns": 8, "tool_tokens": 640})
+    [problem] = context_problems(plan, long)
+    assert "server.max_context=4096; lower bench.turns" in problem
+    for mode in ("bench", "tune"):
+        r = subprocess.run([sys.executable, "-m", "appliance.cli", f"mode={mode}",
+                            "bench=agents", "bench.turns=8", "bench.tool_tokens=640", *CPU],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "past server.max_context=4096" in r.stderr, r.stderr[-800:]
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing left
+
+
 def test_summarize_agents_on_fixed_requests():
     def req(agent, turn, start, first, end, prompt, cached, error=None):
         return RequestResult(agent, turn, start, first, end, end, 5, prompt, cached, True, error)

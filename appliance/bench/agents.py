@@ -182,6 +182,31 @@ def ratios(mine: dict, anchor: dict) -> dict:
             for k in RATIO_KEYS}
 
 
+def context_problems(plan: ExecutionPlan, cfg) -> list[str]:
+    """The workload's longest request (an agent's last turn, its replies max_tokens long:
+    EOS is banned) must fit the plan's context, else its last turns fail with 400s and a
+    tune trial measures nothing."""
+    from appliance.bench.prompts import load_tokenizer, model_dir
+
+    tok = load_tokenizer(model_dir(plan))
+    conv = conversations(tok, cfg)
+    reply = tok.decode(tok.encode(conv.system, add_special_tokens=False)[:cfg.max_tokens])
+    longest = 0
+    for a in range(cfg.agents):
+        msgs = [{"role": "system", "content": conv.system},
+                {"role": "user", "content": conv.tasks[cfg.warmup + a]}]
+        for t in range(cfg.turns - 1):
+            msgs += [{"role": "assistant", "content": reply},
+                     {"role": "user", "content": conv.tools[a][t]}]
+        longest = max(longest, len(tok.apply_chat_template(msgs, add_generation_prompt=True)))
+    limit = plan.server.max_context
+    if longest + cfg.max_tokens <= limit:
+        return []
+    return [f"bench=agents: an agent's last turn is ~{longest} prompt tokens + bench.max_tokens="
+            f"{cfg.max_tokens}, past server.max_context={limit}; lower bench.turns, "
+            "bench.tool_tokens or bench.system_tokens, or raise server.max_context"]
+
+
 def run_bench(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir: Path,
               overrides: list[str]) -> dict:
     """The target, then the anchor (unless none or the target itself), on one workload."""
