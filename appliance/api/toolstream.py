@@ -168,8 +168,11 @@ class ToolCallSplitter:
                 self.fmt.parser(body, self.fmt.tools)
                 complete = True
             except (ValueError, KeyError, TypeError, AttributeError):
-                log.warning("a tool call cut off or malformed (its arguments were streamed): "
-                            "%r", body[:200])
+                if raw is None:  # the generation ended inside it (max_tokens): said by the
+                    log.debug("a tool call cut off: %r", body[:200])  # finish reason
+                else:
+                    log.warning("a malformed tool call (its arguments were streamed): %r",
+                                body[:200])
                 complete = False
             out.append(ToolCall(cid, name, args, self.calls, complete))
             self.calls += 1
