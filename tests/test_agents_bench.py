@@ -155,8 +155,9 @@ def test_ctrl_c_stops_the_server(tmp_path, target):
     free, its SSD directory is removed, and the bench exits 130."""
     cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "bench=agents", *CPU,
            "cache=tiered", f"bench.target={target}", "bench.anchor=none", "bench.agents=2",
-           "bench.turns=100", "bench.max_tokens=32", "bench.system_tokens=64",
-           "bench.tool_tokens=32", "bench.warmup=0"]
+           "bench.turns=3", "bench.think_s=30", "bench.max_tokens=32",
+           "bench.system_tokens=64", "bench.tool_tokens=32", "bench.warmup=0"]
+    # (long by its agents' pauses: a workload past the context is refused before it runs)
     # a background job of a non-interactive shell inherits SIGINT ignored (POSIX), as would
     # the bench: start it with the default disposition, as a terminal's Ctrl-C finds it
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
