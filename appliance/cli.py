@@ -94,7 +94,7 @@ def run(cfg) -> int:
             _objective = tune.FAILED
             return 0
         problems += e.problems
-    if not problems and bench_cfg_reads_agents(cfg, task, hc.mode == RunMode.MULTIRUN):
+    if not problems and _serves_agents(cfg, hc.mode == RunMode.MULTIRUN):
         from appliance.bench.agents import context_problems
 
         problems += context_problems(plan, cfg.bench)
@@ -144,8 +144,8 @@ def _drop_if_empty(run_dir: str) -> None:
             return
 
 
-def bench_cfg_reads_agents(cfg, task: list[str], multirun: bool) -> bool:
-    """A bench=agents run the appliance serves (or a tune launch, checked once, not per
+def _serves_agents(cfg, multirun: bool) -> bool:
+    """A bench=agents run the appliance serves, or a tune launch (checked once, not per
     trial): its workload must fit the plan's context (`agents.context_problems`)."""
     if cfg.mode == "tune":
         return not multirun
