@@ -104,10 +104,27 @@ def test_a_kv_budget_holds_one_row_of_the_context():
     assert "capped at 768" in capped.derived["server.max_context"]
     for bad in (["batch.kv_budget=1KiB"],
                 [f"batch.kv_budget={1000 * per}", "server.max_context=4096"]):
-        with pytest.raises(PlanError, match=r"batch.kv_budget=\d+\w* holds [\d,]+ tokens of KV "
-                                            r".* less than one row of server.max_context="):
+        with pytest.raises(PlanError, match=r"batch.kv_budget=\d+\w* holds less than one row "
+                                            r"of server.max_context=\d+ \([\d,]+ bytes of KV\)"):
             resolve_overrides(bad)
     assert resolve_overrides([f"batch.kv_budget={4096 * per}", "server.max_context=4096"])
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["kv=k8v4"], ["kv=k8v4", "batch=serial"], ["kv=k8v4", "batch.max_rows=1"],
+    ["kv=k8v4", "batch.kv_budget=10MiB"], ["kv=turboquant", "draft=mtp", "batch.max_rows=2"],
+    ["kv=affine4", "kv.start=256", "batch.kv_budget=4MiB"]])
+def test_a_planned_context_fits_what_admission_lets_one_row_hold(overrides):
+    """Admission (engine/budget.py) counts a row past kv.start encoded, before it native, and
+    a lone row's chunk past it: the plan sizes the budget and caps the context the same way.
+    Before, under kv=k8v4 a 911-token chat with max_tokens unset was refused (the budget
+    left a row ~1,300 tokens of a 4,096 context)."""
+    from appliance.engine.budget import Budget, KVShape
+
+    plan = resolve_overrides(overrides)
+    budget = Budget(plan.batch.kv_budget_bytes, KVShape.for_plan(plan))
+    ctx = plan.server.max_context
+    assert budget.fits_alone(ctx - 1, 1) and budget.fits_alone(1, ctx - 1)
 
 
 def test_affine_kv_on_a_head_no_group_divides_names_the_schemes_that_serve():

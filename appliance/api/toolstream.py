@@ -117,12 +117,12 @@ class ToolCallSplitter:
         out: list = []
         if self.in_call and not self.done:
             body = self.buf[:len(self.buf) - _partial(self.buf, self.fmt.end)]
-            if not self._close(out, body, None):
-                log.warning("dropped a tool call cut off mid-way: %r", self.buf[:200])
+            if not self._close(out, body, None):  # (max_tokens: the finish reason says so)
+                log.debug("dropped a tool call cut off mid-way: %r", self.buf[:200])
         elif not self.done and not self.calls:
             self._content(out, self.buf)  # held as a possible start; with no call, prose
         elif self.buf and not self.done:  # after a call: another's start, cut off; dropped
-            log.warning("dropped a tool call's start cut off: %r", self.buf)
+            log.debug("dropped a tool call's start cut off: %r", self.buf)
         self.buf, self.in_call = "", False
         return out
 

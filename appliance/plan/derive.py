@@ -81,6 +81,18 @@ class Shape:
     layers: int = 1  # decoder layers
     fused_prefill: bool = True  # on CUDA a lone row's prefill attends fused (every layer
     #                             full attention, KV not split by kv.start: engine/step.py)
+    native_per_token: int = 0  # before kv.start: native KV (an encoding scheme's rows)
+    start: int = 0  # kv.start
+    spec: int = 0  # draft.k
+
+    def row(self, tokens: int, chunk: int = 0) -> int:
+        """One row's most KV bytes, as admission counts them (engine/budget.py KVShape;
+        `chunk`: the lone row's, whose one prefill chunk may run past kv.start natively)."""
+        if not self.start or self.native_per_token <= self.per_token:
+            return self.per_token * tokens
+        return (max(self.per_token * tokens,
+                    self.native_per_token * min(tokens, self.start + self.spec))
+                + self.native_per_token * max(0, chunk - 1 - self.spec))
 
 
 @dataclass(frozen=True)
@@ -222,11 +234,14 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
                    f"{KV_SHARE:.0%} of the {gib(free)} left after the weights" if ctx < trained
                    else f"; one such row and its copies ({gib(3 * ctx * s.per_token)}) fit "
                         f"easily in the {gib(free)} left after the weights"))
-            held = (kv_budget or 0) // s.per_token // 256 * 256
-            if kv_budget is not None and 256 <= held < ctx:  # (below 256: a plan error)
-                ctx = held
-                why["server.max_context"] += (f"; then capped at {ctx}, what one row may "
-                                              f"hold in batch.kv_budget={gib(kv_budget)}")
+            if kv_budget is not None and s.row(ctx, chunk) > kv_budget:
+                held = next((t for t in range(ctx // 256 * 256, 0, -256)
+                             if s.row(t, chunk) <= kv_budget), 0)
+                if held >= 256:  # (below: a plan error, resolve.py)
+                    ctx = held
+                    why["server.max_context"] += (f"; then capped at {ctx}, what one row "
+                                                  f"may hold in batch.kv_budget="
+                                                  f"{gib(kv_budget)}")
     else:
         ctx = max_context
     typical = min(w.typical_context, ctx)
@@ -258,8 +273,8 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
         rows = 1
     act, cache, hit = fixed(ctx, rows)  # now for the rows decided
 
-    if kv_budget is None:
-        budget = s.per_token * max(rows * typical, ctx)
+    if kv_budget is None:  # (a lone row's chunk past kv.start, encoded schemes: on top)
+        budget = max(rows * s.row(typical), s.row(ctx)) + s.row(0, chunk)
         why["batch.kv_budget"] = (
             f"kv_budget={gib(budget)}: " + (f"{rows} rows of {typical} tokens"
                                             if rows * typical >= ctx else

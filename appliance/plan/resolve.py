@@ -269,7 +269,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                   heads=heads, vocab=info.vocab_size, act_bytes=COMPUTE_BYTES.get(dtype, 4),
                   trained=trained, layers=len(info.layer_kinds),
                   fused_prefill=set(info.layer_kinds) <= {"full"}
-                  and not (kv.quantized_layers and kv.start > 0))
+                  and not (kv.quantized_layers and kv.start > 0),
+                  native_per_token=kv.native_bytes_per_token + draft.kv_bytes_per_token,
+                  start=kv.start, spec=draft.k)
     d = derive(facts, shape, Workload(srv.clients, srv.typical_context),
                max_rows=rows_set, prefill_chunk=chunk_set, max_context=ctx_set,
                trained_context=srv.max_context is None, kv_budget=kv_budget,
@@ -318,10 +320,10 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                              - d.hit_copy) // 2, max_ctx),
                      activations_bytes=d.activations, buffer_cache_bytes=d.buffer_cache,
                      copies_bytes=d.copies, ram_bytes=ram_cap, ceiling_bytes=ceiling)
-    if kv_budget is not None and kv_budget < per_tok * max_ctx:  # (no request could use it)
-        problems.append(f"batch.kv_budget={b.kv_budget} holds {kv_budget // per_tok:,} tokens of "
-                        f"KV ({per_tok:,} bytes each), less than one row of server.max_context="
-                        f"{max_ctx}; raise it, or lower server.max_context")
+    if kv_budget is not None and kv_budget < shape.row(max_ctx, d.prefill_chunk):
+        problems.append(f"batch.kv_budget={b.kv_budget} holds less than one row of "  # (no
+                        f"server.max_context={max_ctx} ({shape.row(max_ctx, d.prefill_chunk):,} "
+                        "bytes of KV); raise it, or lower server.max_context")  # row fills it)
     left = usable - ceiling  # < 0: the parts do not fit; say which knob to lower
     fixed = weights + d.activations + d.buffer_cache + d.hit_copy
     if ctx_set is not None and 3 * per_tok * max_ctx > usable - fixed + d.hit_copy:
