@@ -231,7 +231,9 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
             why["server.max_context"] = (
                 f"max_context={ctx}: the model's trained positions ({trained})"
                 + (f", capped so one row, its copy on a hit and its rebuild copy fit in "
-                   f"{KV_SHARE:.0%} of the {gib(free)} left after the weights" if ctx < trained
+                   f"{KV_SHARE:.0%} of the {gib(max(0, free - act - cache))} left after the "
+                   f"weights and a {trained}-token prefill's activations and buffer cache "
+                   f"({gib(act + cache)})" if ctx < trained
                    else f"; one such row and its copies ({gib(3 * ctx * s.per_token)}) fit "
                         f"easily in the {gib(free)} left after the weights"))
             if kv_budget is not None and s.row(ctx, chunk) > kv_budget:
