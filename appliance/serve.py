@@ -15,6 +15,7 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
 
 from appliance.plan import ExecutionPlan
 
@@ -64,6 +65,20 @@ def _server_class():
     return Server
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why the server could not bind host:port (None: it can), as uvicorn will bind it."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(infos[0][4])
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def serve(plan: ExecutionPlan) -> int:
     """Serve until stopped; returns the exit code (0, or EXIT_ENGINE_FAILED)."""
     import uvicorn
@@ -71,6 +86,13 @@ def serve(plan: ExecutionPlan) -> int:
     from appliance.api import create_app
     from appliance.engine import build_engine
 
+    if (why := _cannot_listen(plan.server.host, plan.server.port)) is not None:
+        from appliance.plan import PlanError  # (a setting to change: exit 2, not 3's failed
+        #                                       engine, and before the model loads)
+        print(PlanError([f"server.port={plan.server.port}: cannot listen on "
+                         f"{plan.server.host}:{plan.server.port} ({why}); choose another "
+                         "port, or stop what holds it"]).render(), file=sys.stderr)
+        return 2
     log.info("plan %s: %s (%s, %s) on %s", plan.fingerprint, plan.model.id,
              plan.model.architecture, plan.model.dtype, plan.machine.backend)
     engine = build_engine(plan)

@@ -114,3 +114,22 @@ def test_a_failed_engine_exits_non_zero_for_its_supervisor(tmp_path):
     assert rc == EXIT_ENGINE_FAILED, p.stderr()
     assert "the engine has failed (RuntimeError: injected fault); stopping with exit code" \
         in p.stderr()
+
+
+def test_a_port_in_use_is_a_setting_to_change_not_a_failed_engine(tmp_path):
+    """Exit 2 with a PlanError naming server.port, before the model loads; it exited 3, the
+    code README gives a failed engine (for a supervisor to restart it, which cannot help)."""
+    import socket
+    import subprocess
+
+    from conftest import _command
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = subprocess.run(_command(f"server.port={port}"), cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"server.port={port}: cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "plan fp_" not in r.stderr  # (logged as the model starts loading: it did not)
