@@ -61,11 +61,12 @@ def test_prefixes_survive_a_restart(loaded, tmp_path):
     a.abort_all()
     a.close()  # graceful shutdown: pending SSD writes finish
     assert a.prefix.ssd.stats()["entries"] >= 2 and a.prefix.ssd.backlog() == 0
+    assert (a.prefix.ssd.hits, a.prefix.ssd.misses) == (0, 1)  # found nowhere: a miss there too
 
     b = _process(model, tok, tmp_path)  # a new process: nothing in RAM
     got = _run(b, second)
     assert got.finished.cached_tokens == 40
-    assert b.prefix.ssd.hits == 1 and b.prefix.ssd.dropped == 0
+    assert b.prefix.ssd.hits == 1 and b.prefix.ssd.dropped == 0 and b.prefix.ssd.misses == 0
     assert got.tokens == _cold(model, tok, second, tmp_path)
     b.close()
 

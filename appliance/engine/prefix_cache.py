@@ -316,6 +316,8 @@ class PrefixCache:
                 return m, restored
         elif n and m == n:  # the same prefix is on SSD: it was used, keep it there too
             self.ssd.touch(tokens[:n])
+        elif not n and self.ssd is not None:  # found in neither tier: the SSD's miss too
+            self.ssd.misses += 1  # (as a failed load is; a RAM hit asks the SSD nothing)
         return n, cache
 
     def insert(self, tokens: list[int], cache: list, limit: int | None = None,
