@@ -190,7 +190,8 @@ def fingerprint(model: ModelPlan, kv: KVPlan, draft: DraftPlan) -> str:
         "dtype": model.dtype,
         "quantization": model.quantization,
         "kv": kv.fingerprint_key(),
-        # a draft model's or MTP head's layers are part of every stored row cache
+        # (stored entries hold the model's layers only, but where kernels are not batch-
+        # invariant, CUDA, a verify pass's shape can move a sampled token: docs/speculation.md)
         "draft": draft.kind if not draft.content else [draft.kind, draft.content],
     }
     if model.dequantized:  # dense matmuls round differently (absent otherwise: old keys hold)
