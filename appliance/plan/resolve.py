@@ -337,9 +337,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                         f"{max(0, usable - fixed - ram_cap) // 2:,} bytes left (with its copies) "
                         "after the weights, activations and the RAM tier; lower it or use auto")
     elif left < 0 and cfg.cache.ram.bytes != "auto" and cache_kind in ("ram", "tiered"):
-        problems.append(f"cache.ram.bytes={cfg.cache.ram.bytes} leaves no memory for live KV "
-                        f"({(usable - fixed - 2 * d.kv_budget) / GiB:.2f} GiB after the weights, "
-                        "live KV and its copies); lower it")
+        problems.append(f"cache.ram.bytes={cfg.cache.ram.bytes} is more than the "
+                        f"{(usable - fixed - 2 * d.kv_budget) / GiB:.2f} GiB left after the "
+                        "weights, activations, live KV and its copies; lower it")
     elif left < 0:
         problems.append(f"the plan needs {ceiling / GiB:.2f} GiB (weights {weights / GiB:.2f}, "
                         f"live KV {d.kv_budget / GiB:.2f} and its copies {d.copies / GiB:.2f}, "
