@@ -127,6 +127,12 @@ def test_a_planned_context_fits_what_admission_lets_one_row_hold(overrides):
     assert budget.fits_alone(ctx - 1, 1) and budget.fits_alone(1, ctx - 1)
 
 
+def test_a_ram_tier_too_large_says_what_is_left_for_it():
+    with pytest.raises(PlanError, match=r"cache.ram.bytes=1TiB is more than the [\d.]+ GiB left "
+                                        r"after the weights, activations, live KV and its copies"):
+        resolve_overrides(["cache.ram.bytes=1TiB"])
+
+
 def test_affine_kv_on_a_head_no_group_divides_names_the_schemes_that_serve():
     with pytest.raises(PlanError, match="no group size .* divides it: affine KV cannot serve "
                                         "this model; valid choices: kv=native, kv=turboquant"):
