@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from appliance.plan.kv import full_row_bytes, lone_row_extra
+
 # Admission counts tokens exactly. mlx-lm's buffers grow 256 tokens at a time past the last
 # write, so a row may hold a little more: the plan counts that beside the budget
 # (GROWTH_TOKENS per row, appliance/plan/derive.py).
@@ -30,12 +32,10 @@ class KVShape:
     chunk: int = 0  # a lone row's prefill chunk (it may carry the row past `start`)
 
     def row_bytes(self, tokens: int) -> int:
-        """A row's most bytes: below `start` (plus a verify's drafts; a batched prefill
-        chunk stops at `start`) its full layers are native, after it they are encoded."""
-        full = self.full_per_token * tokens
-        if self.start and self.native_per_token > self.full_per_token:
-            full = max(full, self.native_per_token * min(tokens, self.start + self.spec))
-        return full + self.sliding_per_token * min(tokens, self.window) + self.recurrent
+        """A row's most bytes (its full layers: `plan.kv.full_row_bytes`)."""
+        return (full_row_bytes(tokens, self.full_per_token, self.native_per_token, self.start,
+                               self.spec)
+                + self.sliding_per_token * min(tokens, self.window) + self.recurrent)
 
     @classmethod
     def for_plan(cls, plan, recurrent: int = 0) -> KVShape:
@@ -50,12 +50,9 @@ class KVShape:
 
     @property
     def lone_row_extra(self) -> int:
-        """What a lone row may hold beyond `row_bytes`: it runs mlx-lm's generate_step
-        arithmetic, which encodes before a chunk, so one chunk may carry it past `start`
-        natively. Only one row is ever lone."""
-        if not self.start or self.native_per_token <= self.full_per_token:
-            return 0
-        return self.native_per_token * max(0, self.chunk - 1 - self.spec)
+        """What a lone row may hold beyond `row_bytes` (`plan.kv.lone_row_extra`)."""
+        return lone_row_extra(self.full_per_token, self.native_per_token, self.start,
+                              self.spec, self.chunk)
 
 
 class Budget:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from appliance import _mlx_env
+from appliance.plan.kv import full_row_bytes, lone_row_extra
 from appliance.plan.machine import (
     DEFAULT_BANDWIDTH,
     DEFAULT_CUDA_TFLOPS,
@@ -86,13 +87,12 @@ class Shape:
     spec: int = 0  # draft.k
 
     def row(self, tokens: int, chunk: int = 0) -> int:
-        """One row's most KV bytes, as admission counts them (engine/budget.py KVShape;
-        `chunk`: the lone row's, whose one prefill chunk may run past kv.start natively)."""
-        if not self.start or self.native_per_token <= self.per_token:
-            return self.per_token * tokens
-        return (max(self.per_token * tokens,
-                    self.native_per_token * min(tokens, self.start + self.spec))
-                + self.native_per_token * max(0, chunk - 1 - self.spec))
+        """One row's most KV bytes, as admission counts them (engine/budget.py; `chunk`:
+        the lone row's, whose one prefill chunk may run past kv.start natively)."""
+        return (full_row_bytes(tokens, self.per_token, self.native_per_token, self.start,
+                               self.spec)
+                + lone_row_extra(self.per_token, self.native_per_token, self.start, self.spec,
+                                 chunk))
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,27 @@ class KVPlan:
         return key + ["outlier-channel split"] if fractional else key
 
 
+def full_row_bytes(tokens: int, per_token: int, native_per_token: int = 0, start: int = 0,
+                   spec: int = 0) -> int:
+    """One row's most bytes on its growing (full-attention) layers: below `start` (plus a
+    verify's `spec` drafts; a batched prefill chunk stops at `start`) native, after it
+    encoded (`per_token`). Admission (engine/budget.py) and the plan count with it."""
+    full = per_token * tokens
+    if start and native_per_token > per_token:
+        full = max(full, native_per_token * min(tokens, start + spec))
+    return full
+
+
+def lone_row_extra(per_token: int, native_per_token: int, start: int, spec: int,
+                   chunk: int) -> int:
+    """What a lone row may hold beyond `full_row_bytes`: it runs mlx-lm's generate_step
+    arithmetic, which encodes before a chunk, so one chunk may carry it past `start`
+    natively. Only one row is ever lone."""
+    if not start or native_per_token <= per_token:
+        return 0
+    return native_per_token * max(0, chunk - 1 - spec)
+
+
 def check_scheme(scheme: str, problems: list[str]) -> None:
     if scheme not in SCHEMES:
         problems.append(f"kv.scheme={scheme!r} is not supported; valid choices: "
