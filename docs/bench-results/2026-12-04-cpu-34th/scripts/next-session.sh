@@ -1,12 +1,12 @@
-# For the next session with a device (this, the 34th, was lent none). Set up .device with
-# ../../2026-12-04-h200-31st/scripts/device-setup.sh, copy this file, ticktrace/ (fixed here:
-# the 33rd's wrapper dropped `_start_decoding`'s return value since 8ff5de0, so every join
-# failed its rows), ticksummary.py, reuse.patch (bd97568..bdac217: the 33rd's no longer
-# reversed on bdac217), ../../2026-12-04-h200-33rd/scripts/probetrace.py,
-# ../../2026-12-04-cpu-33rd/scripts/reuse_sitecustomize.py (into devrun/reuse/sitecustomize.py),
-# ../../2026-12-04-h200-27th/scripts/d2.sh and ../../2026-12-03-h200-26th/scripts/t4.sh to
-# devrun/, then calls at once: stage.sh with .device/a, .device/c, .device/d; then, carrying
-# .device/b and devrun:
+# For the next session with a device (the 34th was lent none). Set up .device with
+# ../../2026-12-04-h200-31st/scripts/device-setup.sh; copy this file and reuse.patch
+# (bd97568..bdac217: the 33rd's no longer reversed on bdac217), from
+# ../../2026-12-04-h200-33rd/scripts/ ticktrace/ (fixed there in the 34th: its join wrapper
+# dropped `_start_decoding`'s return value since 8ff5de0, so every join failed its rows),
+# ticksummary.py and probetrace.py, ../../2026-12-04-cpu-33rd/scripts/reuse_sitecustomize.py
+# (into devrun/reuse/sitecustomize.py), ../../2026-12-04-h200-27th/scripts/d2.sh and
+# ../../2026-12-03-h200-26th/scripts/t4.sh to devrun/; then calls at once: stage.sh with
+# .device/a, .device/c, .device/d; then, carrying .device/b and devrun:
 #   bash .device/b/install.sh && . /tmp/mlx-env && bash devrun/next-session.sh 6
 # then `. /tmp/mlx-env && bash devrun/next-session.sh 5|1|2|3|4`, each at once after the last.
 date -u +%H:%M:%S

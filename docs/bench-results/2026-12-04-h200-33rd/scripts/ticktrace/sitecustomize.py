@@ -39,9 +39,10 @@ if os.environ.get("TRACE_OUT"):
         mx.synchronize()  # (the decode step queued before it: its own time, "drain")
         log("drain", t)
         t = time.perf_counter()
-        sd(self, ready)
+        joined = sd(self, ready)
         mx.synchronize()
         log("join", t, rows=len(ready))
+        return joined
 
     def run(self, chunks, rest=False):
         if not chunks:
