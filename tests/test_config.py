@@ -81,6 +81,10 @@ def test_server_and_machine_values_are_checked_at_plan_time():
         assert needle in msg
     assert len(e.value.problems) == 6
     assert resolve_overrides(["server.log_level=WARNING"]).server.log_level == "WARNING"
+    from uvicorn.config import LOG_LEVELS as UVICORN
+
+    from appliance.plan.resolve import LOG_LEVELS
+    assert set(LOG_LEVELS) == set(UVICORN)  # the plan's copy of the levels uvicorn takes
 
 
 @pytest.mark.parametrize("bad,problem", [

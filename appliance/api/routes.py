@@ -144,8 +144,9 @@ async def models(state: State) -> dict:
 @get("/v1/models/{model_id:path}")
 async def model(state: State, model_id: FromPath[str]) -> dict:
     """One model (the openai client's `models.retrieve`); ids may hold a '/'."""
-    if model_id.lstrip("/") != state.plan.model.id:
-        raise APIError(404, f"model {model_id.lstrip('/')!r} does not exist; this server "
+    model_id = model_id.lstrip("/")  # (a path parameter keeps its leading '/')
+    if model_id != state.plan.model.id:
+        raise APIError(404, f"model {model_id!r} does not exist; this server "
                             f"serves {state.plan.model.id!r}", param="model",
                        code="model_not_found")
     return _model(state)
