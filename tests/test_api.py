@@ -152,6 +152,23 @@ def test_invalid_requests_get_400_naming_the_field(server, plan, body, param):
     assert param.split("[")[0] in err["message"]
 
 
+def test_a_completions_batch_of_one_prompt_is_that_prompt(server, client, plan, engine):
+    """OpenAI's batch forms ([string], [[ids]]) holding one prompt answer as the prompt
+    alone; more than one (n=1 here) or a mixed list is a 400 naming `prompt`."""
+    text = "def add(a, b):"
+    ids = list(engine.tokenizer.encode(text))
+    want = client.completions.create(model=plan.model.id, prompt=text,
+                                     max_tokens=6).choices[0].text
+    for one in ([text], [ids]):
+        assert client.completions.create(model=plan.model.id, prompt=one,
+                                         max_tokens=6).choices[0].text == want
+    for bad, says in (([text, text], "2 prompts"), ([ids[0], text], "mixes"), ([[]], "empty")):
+        r = httpx.post(f"{server}/v1/completions",
+                       json={"model": plan.model.id, "prompt": bad, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert says in r.json()["error"]["message"]
+
+
 def test_malformed_json_and_unknown_model(server, client):
     r = httpx.post(f"{server}/v1/completions", content=b"{not json",
                    headers={"content-type": "application/json"})

@@ -352,6 +352,23 @@ def _splitting_tokens(tokenizer) -> tuple[str, ...]:
                  if t.special and not (t.lstrip or t.single_word or t.normalized))
 
 
+def _one_prompt(prompt: str | list) -> str | list[int]:
+    """The one prompt a completions body holds: a string, token ids, or OpenAI's batch
+    form with one element ([string] or [[ids]])."""
+    if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
+        return prompt
+    if any(isinstance(t, int) for t in prompt):
+        raise invalid("prompt", "mixes token ids with strings or lists; send one string, "
+                      "one list of token ids, or a list holding one of those")
+    if len(prompt) > 1:
+        raise invalid("prompt", f"holds {len(prompt)} prompts; this server answers one prompt "
+                      "per request (n=1): send each as its own request")
+    (one,) = prompt
+    if not one:
+        raise invalid("prompt", "the prompt is empty")
+    return one
+
+
 def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
     _check_model(body, plan)
     _stream_options(body)
@@ -360,13 +377,14 @@ def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) 
     if body.echo or body.suffix:
         raise invalid("echo" if body.echo else "suffix", "is not supported")
     sampling = _sampling(body, plan, plan.model.vocab_size)
-    if isinstance(body.prompt, str):
-        _refuse_if_surely_too_long(tokenizer, [body.prompt], plan, "prompt")
-        ids = list(tokenizer.encode(body.prompt))
+    prompt = _one_prompt(body.prompt)
+    if isinstance(prompt, str):
+        _refuse_if_surely_too_long(tokenizer, [prompt], plan, "prompt")
+        ids = list(tokenizer.encode(prompt))
     else:
-        if any(not 0 <= t < plan.model.vocab_size for t in body.prompt):
+        if any(not 0 <= t < plan.model.vocab_size for t in prompt):
             raise invalid("prompt", f"token ids must be in [0, {plan.model.vocab_size})")
-        ids = list(body.prompt)
+        ids = list(prompt)
     max_tokens = _max_tokens(body.max_tokens, len(ids), plan, "max_tokens", "prompt")
     k = _logprobs("logprobs", body.logprobs)
     return Prepared(GenerationRequest(ids, max_tokens, sampling, logprobs=k), _stops(body.stop),

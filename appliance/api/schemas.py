@@ -99,8 +99,11 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
 
 
 class CompletionRequest(_Sampling, kw_only=True):
+    # a string, token ids, or OpenAI's batch form ([string] or [[ids]]) holding one prompt:
+    # n=1, so a batch of two or more is refused by name, not read as token ids
     prompt: Annotated[str, Meta(extra_json_schema={"minLength": 1})] \
-        | Annotated[list[Annotated[int, Meta(ge=0)]], Meta(min_length=1)]
+        | Annotated[list[Annotated[int, Meta(ge=0)] | str | list[Annotated[int, Meta(ge=0)]]],
+                    Meta(min_length=1)]
     echo: bool = False
     suffix: str | None = None
     # 0..20: the chosen token's log-probability and the top k
