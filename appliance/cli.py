@@ -173,9 +173,12 @@ def main() -> None:
         _job()
     except SystemExit as e:  # Hydra exits 1 on a config it cannot compose: a plan error too
         sys.exit(2 if e.code == 1 else e.code)
-    except KeyboardInterrupt:  # Ctrl-C: servers a bench started are stopped by now
-        print("appliance: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: servers a bench started are stopped
+        from appliance.bench import Terminated
+
+        term = isinstance(e, Terminated)
+        print(f"appliance: {'terminated' if term else 'interrupted'}", file=sys.stderr)
+        sys.exit(128 + (15 if term else 2))  # as the shell reports a process the signal ended
     sys.exit(_exit_code)
 
 

@@ -148,11 +148,13 @@ def _listening(port: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("target", ["self", "mlx_lm"])
+@pytest.mark.parametrize("target,sig", [("self", "SIGINT"), ("mlx_lm", "SIGINT"),
+                                        ("self", "SIGTERM")])
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ctrl_c_stops_the_server(tmp_path, target):
-    """SIGINT in the middle of a long bench: the server it started is gone, its port is
-    free, its SSD directory is removed, and the bench exits 130."""
+def test_ctrl_c_stops_the_server(tmp_path, target, sig):
+    """SIGINT (or SIGTERM) in the middle of a long bench: the server it started is gone, its
+    port is free, its SSD directory is removed, and the bench exits 130 (143), as a shell
+    reports a process that signal ended."""
     cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "bench=agents", *CPU,
            "cache=tiered", f"bench.target={target}", "bench.anchor=none", "bench.agents=2",
            "bench.turns=3", "bench.think_s=30", "bench.max_tokens=32",
@@ -173,8 +175,8 @@ def test_ctrl_c_stops_the_server(tmp_path, target):
                     server, port = kid, p
             time.sleep(0.2)
         time.sleep(2.0)  # in the middle of the conversations
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=60) == 128 + getattr(signal, sig)
     finally:
         if proc.poll() is None:
             proc.kill()

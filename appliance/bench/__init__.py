@@ -144,8 +144,12 @@ def run(plan: ExecutionPlan, cfg, outdir: Path, overrides: tuple[str, ...] = ())
         on_term()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C is (the same `finally`s run); the process then exits 143."""
+
+
 def _interrupt_on_sigterm():
-    """Make SIGTERM raise KeyboardInterrupt; returns the undo (a no-op off the main thread)."""
+    """Make SIGTERM raise Terminated; returns the undo (a no-op off the main thread)."""
     import signal
     import threading
 
@@ -153,7 +157,7 @@ def _interrupt_on_sigterm():
         return lambda: None
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt
+        raise Terminated
 
     old = signal.signal(signal.SIGTERM, interrupt)
     return lambda: signal.signal(signal.SIGTERM, old)
