@@ -33,14 +33,19 @@ def snapshot(cache: list) -> list:
 
 
 def materialize(cache: list) -> None:
-    """Evaluate an entry's arrays now. A row's cache taken from the batch is a lazy slice:
-    left unevaluated, it keeps the whole batch buffer it was cut from alive (every row, the
-    full padded length) while `nbytes` reports only the slice. Evaluated, it holds its own
-    buffer and `nbytes` is what MLX holds (tests/test_memory.py checks it)."""
+    """Queue an entry's arrays for evaluation. A row's cache taken from the batch is a lazy
+    slice: left unevaluated, it keeps the whole batch buffer it was cut from alive (every
+    row, the full padded length) while `nbytes` reports only the slice. Evaluated, it holds
+    its own buffer and `nbytes` is what MLX holds (tests/test_memory.py checks it). Queued,
+    not waited for: a store comes after the step's next pass is queued, and waiting would
+    hold the engine's host work back until that pass ends (on a launch-bound GPU that host
+    work is what overlaps the pass). Its memory is taken when it is queued (MLX allocates
+    an output as it encodes the op), so an allocation failure still raises here."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    mx.eval([x for c in cache for _, x in tree_flatten(c.state) if isinstance(x, mx.array)])
+    mx.async_eval([x for c in cache for _, x in tree_flatten(c.state)
+                   if isinstance(x, mx.array)])
 
 
 @dataclass
@@ -230,7 +235,7 @@ class RamTier:
         # `trusted`), but a row that computed the same prefix beside it may differ in the
         # last bits. (The comparison was ~3% of the engine's time in a CPU agents run.)
         if all(e.serial in trusted for e in chain):
-            mx.eval([(c.keys, c.values) for c in delta])
+            mx.async_eval([(c.keys, c.values) for c in delta])  # (see materialize)
             return key[:m], delta
         same, a = [], 0
         for e in chain:
