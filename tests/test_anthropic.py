@@ -73,9 +73,15 @@ def test_prefix_cache_reads_are_reported():
         c = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
         cold = c.messages.create(model=plan.model.id, max_tokens=2, messages=long)
         m = c.messages.create(model=plan.model.id, max_tokens=2, messages=long)
+        with c.messages.stream(model=plan.model.id, max_tokens=2, messages=long) as s:
+            start = next(e for e in s if e.type == "message_start").message.usage
+            streamed = s.get_final_message().usage
     assert cold.usage.cache_read_input_tokens == 0
     assert m.usage.cache_read_input_tokens > 100
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == cold.usage.input_tokens
+    # a stream says so from its first event, as Anthropic's does (not only at its end)
+    assert start.cache_read_input_tokens == streamed.cache_read_input_tokens > 100
+    assert start.input_tokens == streamed.input_tokens
 
 
 def test_streaming_event_sequence(claude, plan):

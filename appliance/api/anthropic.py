@@ -130,16 +130,21 @@ async def messages(request: Request, state: State,
         return Response({**head, "content": content, "stop_reason": reason,
                          "stop_sequence": seq, "usage": _usage(done)})
 
-    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep))
+    handles = []
+    gen = metrics.watch(request, generate(state.engine, state.tokenizer, prep, handles.append))
     first = await _unless_disconnected(request, gen, gen.__anext__())
     if isinstance(first, Done) and first.error:
         raise generation_failed(first.error)
+    # the engine admitted the request before its first output: its prefix-cache hit is known
+    # (as Anthropic's own message_start reports it; the usage at the end says the same)
+    cached = first.cached_tokens if isinstance(first, Done) else handles[0].cached_tokens
 
     async def events() -> AsyncIterator[bytes]:
         n_prompt = len(prep.engine_request.prompt)
         yield _event("message_start", {"message": {
             **head, "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": n_prompt, "output_tokens": 0}}})
+            "usage": {"input_tokens": n_prompt - cached, "output_tokens": 0,
+                      "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}})
         index, open_text, item = 0, False, first
         try:
             while not isinstance(item, Done):

@@ -58,9 +58,12 @@ def submit(engine: Engine, request: GenerationRequest):
 
 
 async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
-                        stops: tuple[str, ...]) -> AsyncIterator[Piece | Done]:
-    """Yield text pieces, then one Done. Cancels the engine request if abandoned."""
+                        stops: tuple[str, ...], on_submit=None) -> AsyncIterator[Piece | Done]:
+    """Yield text pieces, then one Done. Cancels the engine request if abandoned.
+    `on_submit`: called with the engine's RequestHandle once submitted."""
     handle = submit(engine, request)
+    if on_submit is not None:
+        on_submit(handle)
     detok = tokenizer.detokenizer
     pending, toks = "", []  # text decoded but not yet released, and its tokens
     starts: list[int] = []  # where each of those tokens' text starts in `pending`
@@ -106,12 +109,12 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
 Item = Piece | CallStart | CallArgs | ToolCall | Done
 
 
-def generate(engine: Engine, tokenizer, prep) -> AsyncIterator[Item]:
+def generate(engine: Engine, tokenizer, prep, on_submit=None) -> AsyncIterator[Item]:
     """A prepared request's output: text pieces, then one Done. With tools on
     (`prep.tools`), tool calls are parsed out of the text as it streams: each call is a
     CallStart, CallArgs fragments and the complete ToolCall; the finish reason is
-    `tool_calls` when a call was made."""
-    gen = generate_text(engine, tokenizer, prep.engine_request, prep.stop)
+    `tool_calls` when a call was made. `on_submit`: as in `generate_text`."""
+    gen = generate_text(engine, tokenizer, prep.engine_request, prep.stop, on_submit)
     return gen if prep.tools is None else _with_tool_calls(gen, ToolCallSplitter(prep.tools))
 
 

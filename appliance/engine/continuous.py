@@ -292,6 +292,7 @@ class ContinuousScheduler(SoloRow):
                     self._segments(r.prompt, cached, r.checkpoints), r.max_tokens,
                     make_sampler(r.sampling), make_processors(r.sampling), cache=cache,
                     tokens=r.prompt[:cached], params=r.sampling)
+                h.cached_tokens = cached
             except Exception as e:  # e.g. an empty prompt: this request only
                 self.budget.release(h.id)
                 if is_allocation_failure(e):  # the hit's copy: wait for memory

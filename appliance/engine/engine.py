@@ -65,6 +65,10 @@ class RequestHandle:
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = threading.Event()
         self.submitted_at = time.perf_counter()
+        # prompt tokens the prefix cache serves, set on the engine thread when it admits the
+        # request, so before its first token reaches the submitter (an Anthropic stream's
+        # message_start reports them)
+        self.cached_tokens = 0
 
     def cancel(self) -> None:
         """Stop generating at the next step; the engine then emits Finished(CANCELLED)."""

@@ -46,6 +46,7 @@ class SoloRow:
             if cache is not None:  # (an SSD entry an older version wrote may hold a
                 # drafter's layers after the model's)
                 cache = cache[:self._batch.model_layers]
+            h.cached_tokens = cached
             row = Row(h, RowState.DECODE, cached=cached,
                       trusted=self.prefix.hit_chain if cached else frozenset())
             decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
