@@ -2,7 +2,9 @@
 # readsync.py, width.patch and reads.patch from here; the rest from the 35th's list). Order for
 # a ~1,700 s budget, each call at once after the last: install + `RUNS="8b:1 8b:2" bash
 # devrun/d2.sh` (~420 s); `bash devrun/next-session.sh 12; bash devrun/next-session.sh 10`
-# (~100 s); 13 (~200 s); `RUNS="8b:3 1b:1" bash devrun/d2.sh` (~350 s); then 11, 7, 9, 3, 4.
+# (~100 s); 13 (~200 s) only if 12 shows a read waiting (the 27th-28th sessions saw plain
+# steps pipelined on CUDA: a synchronous step cost about two); `RUNS="8b:3 1b:1" bash
+# devrun/d2.sh` (~350 s); then 11 if 10 shows a new size costs more than new buffers; 7, 9, 3, 4.
 # The 36th session's copy of the 35th's (new: part 8, defer.patch A/B on the 8B; part 9,
 # batch.prefill_rows=2 against the plan's 1 on the 8B; part 10, reform.py: the decode steps
 # after a join by kind: in place / same size re-formed / grown; part 11, width.patch A/B: a
