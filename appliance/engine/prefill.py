@@ -192,7 +192,10 @@ class Prefill:
             self.model(mx.array([fed + [0] * (width - len(fed))]), cache=layers)
         for c in layers:
             c.trim(width - len(fed))
-        mx.eval([c.state for c in layers])
+        # Queued, not waited for: the running rows' next step does not read this row's KV,
+        # so the host builds that step (and hands out the tick's events) while the pass
+        # runs. MLX allocates as it queues, so a failed allocation still raises here.
+        mx.async_eval([c.state for c in layers])
 
     def _padded_pass(self, chunks: list[list[int]], lengths: list[int], fused: bool,
                      rest: bool = False) -> None:
@@ -213,7 +216,12 @@ class Prefill:
             self.drafter.drop(self.batch.uids)
         else:
             observe(model, self.drafter, self.batch.uids, chunks)
-        mx.eval([c.state for c in layers], hidden(model))
+        done = [c.state for c in layers], hidden(model)
+        if max(pad) > 0 or (self.batch.extra and not rest):
+            mx.eval(*done)
+        else:
+            mx.async_eval(*done)  # (nothing below reads it: see _grid_pass; on a 2-core
+            # CPU, agents bench: 1.03x paired, 12 pairs)
         if self.batch.extra and not rest:  # a draft model or MTP head prefills beside
             self.drafter.prefill(self.batch, chunks)
         if max(pad) > 0:
