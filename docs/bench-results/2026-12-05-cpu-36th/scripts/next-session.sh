@@ -1,5 +1,5 @@
 # Setup as the 35th's notes say (device-setup.sh, then copies into devrun/: this file,
-# reform.py, readsync.py, width.patch and pipeline.patch from here; the rest from the 35th's
+# reform.py, readsync.py, width.patch and reads.patch from here; the rest from the 35th's
 # list). Order for a ~1,700 s budget, each call at once after the last: install +
 # `RUNS="8b:1 8b:2" bash devrun/d2.sh` (~420 s); `bash devrun/next-session.sh 12; bash
 # devrun/next-session.sh 10` (~100 s); 13 (~200 s; its reads matter only if 12 shows a read
@@ -11,8 +11,8 @@
 # after a join by kind: in place / same size re-formed / grown; part 11, width.patch A/B: a
 # re-forming join drops only as many held rows as join, so the batch keeps its size). The
 # 36th was lent no device. Parts 12-13: does a host read of a small device array wait for
-# the work queued after it (readsync.py), and pipeline.patch A/B (the decode step reads its
-# tokens through <= 8-byte copies; a lone row's grid prefill pass is queued, not waited for).
+# the work queued after it (readsync.py), and reads.patch A/B (the decode step reads its
+# tokens through <= 8-byte copies).
 # The 35th session's copy of ../../2026-12-04-cpu-34th/scripts/next-session.sh (the same setup
 # and copies into devrun/). Fixed here: parts 1 and 5 set PYTHONPATH without /tmp/site (where
 # install.sh put MLX), so on the device every run failed at once (part 1 ran after the fix);
@@ -122,14 +122,13 @@ case $1 in
     # synchronizes the device). If so, every decode step's `inputs.tolist()` waits for the
     # step queued after it, and decode is not pipelined (mlx_lm's BatchGenerator reads alike)
     timeout 200 python3 devrun/readsync.py 2>&1 | tee $OUT/readsync.txt ;;
-13) # pipeline.patch (36th, not committed; every engine test passes with its reads forced on
-    # CPU): on CUDA (1) the decode step reads its sampled tokens through copies of two tokens
-    # (8 bytes, MLX's managed small pool), as do the verify paths' pending reads; (2) a lone
-    # row's grid prefill pass (every 8B agents prefill: the 35th trace's `grid`) is queued
-    # with async_eval, not waited for, so the host builds the next step meanwhile. The
-    # appliance alone, 8B agents, alternating
+13) # reads.patch (36th, not committed; every engine test passes with it forced on CPU): on
+    # CUDA the decode step reads its sampled tokens through copies of two tokens (8 bytes,
+    # MLX's managed small pool), as do the verify paths' pending reads. The appliance alone,
+    # 8B agents, alternating. (The 36th's other half of this, a prefill pass queued rather
+    # than waited for, was committed after a CPU A/B: the d2 runs measure it on CUDA.)
     rm -rf /tmp/rds && mkdir -p /tmp/rds && cp -r appliance conf profiles pyproject.toml tests /tmp/rds/
-    (cd /tmp/rds && patch -p1 -s < "$OLDPWD/devrun/pipeline.patch") || { echo "no patched copy"; exit 1; }
+    (cd /tmp/rds && patch -p1 -s < "$OLDPWD/devrun/reads.patch") || { echo "no patched copy"; exit 1; }
     for i in ${PAIRS:-1 2 3}; do
       for v in cur rds; do
         if [ $v = cur ]; then P=$PWD; else P=/tmp/rds; fi
