@@ -160,7 +160,7 @@ class RamTier:
                           for c in e.cache])
             start = len(e.tokens)
         out = joined(parts)
-        mx.eval([(c.keys, c.values) for c in out])
+        mx.async_eval([(c.keys, c.values) for c in out])  # (see materialize)
         return out
 
     def cache_at(self, key: tuple[int, ...]) -> list:
