@@ -1,6 +1,6 @@
 # Setup as the 35th's notes say (device-setup.sh, then copies into devrun/: this file,
 # reform.py, readsync.py, width.patch and reads.patch from here; the rest from the 35th's
-# list). Order for a ~1,700 s budget, each call at once after the last: install +
+# list: its ticktrace/ syncs after a prefill pass since the 36th). Order for a ~1,700 s budget, each call at once after the last: install +
 # `RUNS="8b:1 8b:2" bash devrun/d2.sh` (~420 s); `bash devrun/next-session.sh 12; bash
 # devrun/next-session.sh 10` (~100 s); 13 (~200 s; its reads matter only if 12 shows a read
 # waiting: the 27th-28th sessions saw plain steps pipelined on CUDA, a synchronous step

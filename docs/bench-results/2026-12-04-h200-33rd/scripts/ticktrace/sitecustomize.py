@@ -5,7 +5,8 @@ steps of rows joining (rows, seconds), written as JSON lines to <prefix>.<pid>. 
 sessions); which of the three parts that time is in, and how it scales with tokens, is
 not measured. Before a join or a prefill pass the device is drained ("drain": the decode
 step queued before it), so each part's wall time is its own; the trace so costs the
-pipelining of those ticks."""
+pipelining of those ticks. (Fixed in the 36th: the prefill pass is synced after it too,
+as the engine no longer waits for it.)"""
 import os
 
 if os.environ.get("TRACE_OUT"):
@@ -52,6 +53,7 @@ if os.environ.get("TRACE_OUT"):
         log("drain", t)
         t = time.perf_counter()
         rr(self, chunks, rest)
+        mx.synchronize()  # (since the 36th the pass is queued, not waited for: its own time)
         log("prefill", t, rows=len(chunks), tokens=sum(map(len, chunks)),
             longest=max(map(len, chunks)), context=[len(x) for x in self.batch.tokens],
             grid=bool(pf.WHOLE_BUFFER and self._grid_fits()))
