@@ -1,3 +1,5 @@
+# Its successor: ../../2026-12-05-cpu-36th/scripts/next-session.sh (parts 8-13; it runs 1-7
+# through this file, copied as devrun/next-session-35th.sh).
 # The 35th session's copy of ../../2026-12-04-cpu-34th/scripts/next-session.sh (the same setup
 # and copies into devrun/). Fixed here: parts 1 and 5 set PYTHONPATH without /tmp/site (where
 # install.sh put MLX), so on the device every run failed at once (part 1 ran after the fix);
