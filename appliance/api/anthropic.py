@@ -137,7 +137,7 @@ async def messages(request: Request, state: State,
         raise generation_failed(first.error)
     # the engine admitted the request before its first output: its prefix-cache hit is known
     # (as Anthropic's own message_start reports it; the usage at the end says the same)
-    cached = first.cached_tokens if isinstance(first, Done) else handles[0].cached_tokens
+    cached = handles[0].cached_tokens
 
     async def events() -> AsyncIterator[bytes]:
         n_prompt = len(prep.engine_request.prompt)
