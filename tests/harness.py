@@ -50,3 +50,13 @@ def drive(scheduler, events: list[tuple[int, str, str]], rows: dict[str, Collect
         scheduler.step()
         scheduler.check_integrity()
     raise AssertionError("schedule did not finish")
+
+
+def cuda_shape_policy(monkeypatch) -> None:
+    """Run CUDA's shape policy here (`speculate.shapes.WHOLE_BUFFER`): every engine module
+    that reads the flag when it runs, by its own name."""
+    from appliance.engine import prefill, rows, step, verify
+    from appliance.engine.speculate import drafters, mtp_drafter
+
+    for mod in (prefill, rows, step, verify, drafters, mtp_drafter):
+        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import golden
-from harness import Collector, drive
+from harness import Collector, cuda_shape_policy, drive
 
 from appliance import oracle
 from appliance.engine import FinishReason, GenerationRequest
@@ -78,13 +78,9 @@ def test_cuda_shape_policy_matches_batch_generator(loaded, schedule, prefill_row
     (`engine/prefill.py` `prefill_width`), so MLX's attention sees few shapes; a lone
     row's prefill attends with the fused kernel over its exact keys. The same arithmetic,
     run here, gives BatchGenerator's tokens (and the goldens' where they apply)."""
-    from appliance.engine import prefill as prefill_mod
-    from appliance.engine import rows as rows_mod
-    from appliance.engine import step as step_mod
     from appliance.engine.kv.native import FullLayout
 
-    for mod in (rows_mod, step_mod, prefill_mod):
-        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    cuda_shape_policy(monkeypatch)
     masks = []
     make_mask = FullLayout.make_mask
     monkeypatch.setattr(FullLayout, "make_mask", lambda self, N, **kw: masks.append(
@@ -108,14 +104,11 @@ def test_rows_leaving_keep_the_buffer_on_the_step_grid(loaded, monkeypatch):
     only in whole steps, from a buffer of its own, so widths stay whole steps and a batch
     size's shapes recur. With the CUDA shape policy on and an 8-slot step (so the short
     test prompts trim), tokens still equal BatchGenerator's over rows joining and leaving."""
-    from appliance.engine import prefill as prefill_mod
-    from appliance.engine import rows as rows_mod
     from appliance.engine import step as step_mod
     from appliance.engine.kv import native
     from appliance.engine.kv.native import FullLayout
 
-    for mod in (rows_mod, step_mod, prefill_mod):
-        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    cuda_shape_policy(monkeypatch)
     monkeypatch.setattr(step_mod, "HOLD", False)  # (rows leave at once: the filter is tested)
     monkeypatch.setattr(native, "GRID_TRIM", True)
     monkeypatch.setattr(FullLayout, "step", 8)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from harness import Collector, drive
+from harness import Collector, cuda_shape_policy, drive
 from mlx_lm.generate import generate_step
 
 from appliance import oracle
@@ -151,17 +151,13 @@ def test_cuda_shape_policy_gives_the_same_tokens(tiny, name, layers, monkeypatch
     and native layers attend over whole buffers (engine/prefill.py `prefill_width`), and a
     lone row's prefill takes the fused ("causal") kernel, encoded layers' too (their
     prefill attends over float keys); quantized rows keep their tokens."""
-    from appliance.engine import prefill as prefill_mod
-    from appliance.engine import rows as rows_mod
-    from appliance.engine import step as step_mod
     from appliance.engine.kv.native import FullLayout
     from appliance.engine.kv.quantized import QuantLayout
 
     model, tok, prompts = tiny
     which = (2, 3) if layers == "some" else ALL_LAYERS
     plain = _run(model, tok, prompts, "dynamic", Scheme(CODECS[name](), which))
-    for mod in (rows_mod, step_mod, prefill_mod):
-        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    cuda_shape_policy(monkeypatch)
     masks = []  # the model builds one mask, from its first layer's layout
     first = FullLayout if layers == "some" else QuantLayout
     make_mask = first.make_mask

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import app_for
-from harness import Collector, drive
+from harness import Collector, cuda_shape_policy, drive
 
 from appliance import oracle
 from appliance.engine import GenerationRequest, SamplingParams
@@ -361,8 +361,6 @@ def test_a_lone_rows_pass_on_the_cuda_grid_is_token_exact(loaded, monkeypatch):
     `prefill_width` over a whole-step buffer, its padding trimmed after. Tokens equal the
     exact-shape path's, on a prefix hit that ends off the grid."""
     from appliance.engine import prefill as prefill_mod
-    from appliance.engine import rows as rows_mod
-    from appliance.engine import step as step_mod
 
     name, model, tok = loaded
     _, busy, req = _two_rows(model, tok)
@@ -371,8 +369,7 @@ def test_a_lone_rows_pass_on_the_cuda_grid_is_token_exact(loaded, monkeypatch):
     want = {}
     for row, r in (("busy", busy), ("r", req), ("hit", hit)):
         want[row] = _cold(model, tok, r)
-    for mod in (rows_mod, step_mod, prefill_mod):
-        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    cuda_shape_policy(monkeypatch)
     monkeypatch.setattr(prefill_mod, "GRID", 16)
     fed = []
     grid_pass = prefill_mod.Prefill._grid_pass

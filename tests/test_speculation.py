@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from harness import Collector, drive
+from harness import Collector, cuda_shape_policy, drive
 from mlx.utils import tree_map
 
 from appliance import oracle
@@ -377,16 +377,12 @@ def test_cuda_verify_attention_beside_encoded_layers_is_token_exact(start, monke
     kv.start 40, a split layer's native rows. The same arithmetic, run here, is token-exact
     with draft=none, with CUDA's filter too (native.GRID_TRIM: once it left native layers
     longer than the encoded ones beside them, and every row failed on the H200)."""
-    from appliance.engine import prefill, step, verify
-    from appliance.engine import rows as rows_mod
     from appliance.engine.kv import native, quantized
-    from appliance.engine.speculate import drafters
 
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
     monkeypatch.setattr(native, "GRID_TRIM", True)
     plain, _ = run(model, tok, "dynamic", scheme=Scheme(TurboCodec(64, 4, 4), (2, 3), start))
-    for mod in (drafters, verify, step, rows_mod, prefill):
-        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    cuda_shape_policy(monkeypatch)
     calls, attend = [], quantized.DENSE.attend
     monkeypatch.setattr(quantized.DENSE, "attend",
                         lambda q, k, v, sc, m: calls.append(k[0].shape) or attend(q, k, v, sc, m))
@@ -405,22 +401,22 @@ def test_cuda_shape_policy_is_token_exact_too(loaded, drafter, monkeypatch, requ
     feeds a `pass_width` of tokens, and finished rows stay in the batch until rows join
     (step.HOLD), proposing nothing. The same arithmetic, run here on CPU, is token-exact
     with draft=none."""
-    from appliance.engine import prefill, rows, step, verify
-    from appliance.engine.speculate import drafters
+    from appliance.engine import rows, step
+    from appliance.engine.speculate import drafters, mtp_drafter
     from appliance.engine.speculate.shapes import pass_width
 
     name, model, tok = loaded
     if drafter == "mtp" and name == "tiny-gemma3":
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     plain, _ = run(model, tok, "dynamic")
-    for mod in (drafters, verify, step, rows, prefill):  # each that reads it (by name)
-        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    cuda_shape_policy(monkeypatch)
     monkeypatch.setattr(step, "HOLD", True)
     held, retire = [], rows._Decoding.retire
     monkeypatch.setattr(rows._Decoding, "retire", lambda d, i: held.append(i) or retire(d, i))
     widths, whole = [], drafters.whole_buffers
-    monkeypatch.setattr(drafters, "whole_buffers",
-                        lambda layers, n, on, **kw: widths.append(n) or whole(layers, n, on, **kw))
+    for mod in (drafters, mtp_drafter):  # a drafter's passes (each module's own name)
+        monkeypatch.setattr(mod, "whole_buffers", lambda layers, n, on, **kw:
+                            widths.append(n) or whole(layers, n, on, **kw))
     mx.random.seed(0)
     draft = {"scripted": lambda: (Scripted(prompts(tok), {r: c.tokens for r, c in plain.items()}),
                                   Control(4)),
@@ -445,15 +441,12 @@ def test_under_the_cuda_shape_policy_buffers_stay_whole_steps_wide(drafter, monk
     buffer by whole steps from the cursor: at a cursor of 767, to 1023 slots, then 1279,
     a new width (new CUDA graphs) at each growth (lookup at B=4 met new ones every run).
     An 8-slot step here, so the short test rows grow often."""
-    from appliance.engine import prefill, rows, step, verify
     from appliance.engine.kv import native
     from appliance.engine.kv.native import FullLayout
-    from appliance.engine.speculate import drafters
 
     model, tok = oracle.load(oracle.model_path("tiny"), "float32")
     plain, _ = run(model, tok, "dynamic")
-    for mod in (drafters, verify, step, rows, prefill):
-        monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+    cuda_shape_policy(monkeypatch)
     monkeypatch.setattr(native, "GRID_TRIM", True)
     monkeypatch.setattr(FullLayout, "step", 8)
     widths, make_mask = [], FullLayout.make_mask
@@ -477,7 +470,7 @@ def test_an_mtp_head_keeps_a_plain_steps_hidden_states_as_references():
     (such steps took 0.2-0.6 s on an H200 at B=16, compiles included) and plain steps ran
     at 0.83-0.88x of draft=none's. The waiting pairs are references now, bounded, and exact
     when the head takes them (plain steps then ran at 0.95-1.0x)."""
-    from appliance.engine.speculate.drafters import LAG_MAX, MTPDrafter
+    from appliance.engine.speculate.mtp_drafter import LAG_MAX, MTPDrafter
 
     d, states = MTPDrafter(None, None, chunk=512), []
     for step in range(200):
@@ -503,7 +496,7 @@ def test_an_mtp_drafters_plain_steps_are_logged_and_applied_as_each_row_is_read(
     carried state and restarts."""
     import random
 
-    from appliance.engine.speculate.drafters import LAG_MAX, MTPDrafter, _Pairs
+    from appliance.engine.speculate.mtp_drafter import LAG_MAX, MTPDrafter, _Pairs
 
     rng, d, ref = random.Random(0), MTPDrafter(None, None, chunk=512), {}
     running, next_uid = [], 0
@@ -562,15 +555,16 @@ def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, m
     from its last LAG_MAX tokens instead of catching up on all of them (LAG_MAX 2 here,
     speculating one step in four): draft=none's tokens, and the restarts happened."""
     from appliance.engine.kv import native
-    from appliance.engine.speculate import drafters
+    from appliance.engine.speculate import drafters, mtp_drafter
 
     name, model, tok = loaded
     if drafter == "mtp" and name == "tiny-gemma3":
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     plain, _ = run(model, tok, "dynamic")
-    monkeypatch.setattr(drafters, "LAG_MAX", 2)
-    restarts, restart = [], drafters._restart
-    monkeypatch.setattr(drafters, "_restart",
+    mod = mtp_drafter if drafter == "mtp" else drafters  # (the names its drafter reads)
+    monkeypatch.setattr(mod, "LAG_MAX", 2)
+    restarts, restart = [], drafters.restart_rows
+    monkeypatch.setattr(mod, "restart_rows",
                         lambda layers, rows: restarts.extend(rows) or restart(layers, rows))
 
     class EveryFourth(Control):
@@ -602,8 +596,6 @@ def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loa
     draft=none's; a 2-core CPU a tapped prefill pass at 1.12-1.27x). Resting half the
     steps, speculating two in twelve: draft=none's tokens, untapped steps and prefill
     passes ran, and the head proposed after them."""
-    from appliance.engine.speculate import drafters
-
     name, model, tok = loaded
     if name == "tiny-gemma3":
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
@@ -620,8 +612,8 @@ def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loa
             return self.n % 12 < 6
 
     skipped, proposed, dropped = [], [], []
-    real_skip, real_propose = drafters.MTPDrafter.skip, drafters.MTPDrafter.propose
-    real_drop = drafters.MTPDrafter.drop
+    real_skip, real_propose = MTPDrafter.skip, MTPDrafter.propose
+    real_drop = MTPDrafter.drop
 
     def propose(self, batch, pend, ks):
         out = real_propose(self, batch, pend, ks)
@@ -629,10 +621,10 @@ def test_an_mtp_engine_runs_its_plain_steps_untapped_while_its_control_rests(loa
             proposed.append(len(skipped))  # (after an untapped step)
         return out
 
-    monkeypatch.setattr(drafters.MTPDrafter, "skip",
+    monkeypatch.setattr(MTPDrafter, "skip",
                         lambda self, uids: skipped.append(1) or real_skip(self, uids))
-    monkeypatch.setattr(drafters.MTPDrafter, "propose", propose)
-    monkeypatch.setattr(drafters.MTPDrafter, "drop",
+    monkeypatch.setattr(MTPDrafter, "propose", propose)
+    monkeypatch.setattr(MTPDrafter, "drop",
                         lambda self, uids: dropped.append(uids) or real_drop(self, uids))
     bare, real_call = [], type(model).__call__  # (a Tapped pass calls the inner model only)
     monkeypatch.setattr(type(model), "__call__",
@@ -723,17 +715,14 @@ def test_compiled_verify_passes_are_token_exact(loaded, schedule, drafter, shape
     """Verify passes as one compiled graph (fixed shapes over whole buffers: models whose
     layers are all full attention; the others, and batches with masked slots, run
     uncompiled) give draft=none's tokens, alone and with CUDA's shape policy."""
-    from appliance.engine import prefill, rows, step, verify
     from appliance.engine.compiled import CompiledDecode
-    from appliance.engine.speculate import drafters
 
     name, model, tok = loaded
     if drafter == "mtp" and name == "tiny-gemma3":
         pytest.skip("no MTP head layout for gemma3 (appliance.models.mtp)")
     plain, _ = run(model, tok, schedule)
     if shape_policy:
-        for mod in (drafters, verify, step, rows, prefill):
-            monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+        cuda_shape_policy(monkeypatch)
     passes = []
     forward = CompiledDecode.forward
     monkeypatch.setattr(CompiledDecode, "forward",
@@ -761,8 +750,7 @@ def test_proposing_before_the_pending_token_is_read_is_token_exact(loaded, sched
     a row whose pending token differs from the proposal's guess keeps no drafts (the
     scripted proposer guesses wrong one time in five). draft=none's tokens, also with
     CUDA's shape policy and compiled verify passes (`cuda`)."""
-    from appliance.engine import prefill, rows, step, verify
-    from appliance.engine.speculate import drafters
+    from appliance.engine import step
 
     name, model, tok = loaded
     if drafter == "lookup" and name == "tiny-gemma3":
@@ -770,8 +758,7 @@ def test_proposing_before_the_pending_token_is_read_is_token_exact(loaded, sched
     plain, _ = run(model, tok, schedule)
     monkeypatch.setattr(step, "AHEAD", True)
     if cuda:
-        for mod in (drafters, verify, step, rows, prefill):
-            monkeypatch.setattr(mod, "WHOLE_BUFFER", True)
+        cuda_shape_policy(monkeypatch)
     cls = LookupDrafter if drafter == "lookup" else Scripted
     calls = []
     ahead = cls.propose_ahead

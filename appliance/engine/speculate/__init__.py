@@ -12,14 +12,15 @@ never the slower choice for long.
 
 The package: `control` (how many tokens a row proposes, and whether the batch speculates),
 `shapes` (the CUDA shape policy), `accept` (which drafts a row keeps), `lookup` (prompt
-lookup) and `drafters` (a draft model, an MTP head). The verify pass itself is
+lookup), `drafters` (a draft model) and `mtp_drafter` (an MTP head). The verify pass itself is
 `appliance/engine/verify.py`.
 """
 
 from appliance.engine.speculate.accept import accept_deterministic, accept_sampled
 from appliance.engine.speculate.control import PROBE, WARM, Control, DraftCounts
-from appliance.engine.speculate.drafters import ModelDrafter, MTPDrafter, Tapped
+from appliance.engine.speculate.drafters import ModelDrafter
 from appliance.engine.speculate.lookup import LookupDrafter
+from appliance.engine.speculate.mtp_drafter import MTPDrafter, Tapped
 from appliance.engine.speculate.shapes import WHOLE_BUFFER
 
 __all__ = [
