@@ -93,6 +93,37 @@ def test_no_logprobs_past_a_stop(client, plan, engine):
             assert offsets == [len("".join(tokens[:k])) for k in range(len(tokens))]
 
 
+def test_a_matched_stop_finishes_with_stop_though_max_tokens_came_first(engine):
+    """A stop string cancels the request when its text is read, but the tokens generated
+    before that may already have reached max_tokens (a slow reader here; a pipelined step
+    or a run of accepted drafts in a server): the finish reason is "stop" (it was
+    "length", more often with a draft)."""
+    import asyncio
+
+    from appliance.api.textgen import Done, generate_text
+    from appliance.engine import GenerationRequest
+
+    case = golden_cases()["class-greedy"]
+    full = engine.tokenizer.decode(case["tokens"])
+    stop = full[5:8]
+    before = engine.stats()["finished_rows"]
+
+    def slow_reader(handle):  # the engine ends the request before its first token is read
+        while engine.stats()["finished_rows"] == before:
+            time.sleep(0.01)
+
+    async def read():
+        return [x async for x in generate_text(
+            engine, engine.tokenizer, GenerationRequest(case["prompt_ids"], case["max_tokens"]),
+            (stop,), slow_reader)]
+
+    out = asyncio.run(read())
+    done = out[-1]
+    assert isinstance(done, Done) and done.stop_sequence == stop
+    assert "".join(p.text for p in out[:-1]) == full[: full.find(stop)]
+    assert done.finish_reason == "stop"
+
+
 def test_stream_usage_when_asked(client, plan):
     chunks = list(client.chat.completions.create(
         model=plan.model.id, messages=[{"role": "user", "content": "hi"}], max_tokens=5,

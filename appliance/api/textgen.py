@@ -77,7 +77,10 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
                     pending += detok.last_segment
                     if pending or toks:
                         yield Piece(pending, tuple(toks))
-                reason = "length" if event.reason == FinishReason.LENGTH else "stop"
+                # a matched stop ends the text even where tokens in flight (a pipelined
+                # step, a run of accepted drafts, a slow reader) reached max_tokens
+                reason = "length" if event.reason == FinishReason.LENGTH and not stopped \
+                    else "stop"
                 yield Done(reason, event.prompt_tokens, used, event.error, event.cached_tokens,
                            stopped, event.accepted_prediction_tokens,
                            event.rejected_prediction_tokens)
