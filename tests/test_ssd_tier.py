@@ -71,6 +71,49 @@ def test_prefixes_survive_a_restart(loaded, tmp_path):
     b.close()
 
 
+def test_a_re_sent_prompt_hits_its_turn_after_a_restart(loaded, tmp_path):
+    """A prompt with no checkpoints (a completions request) leaves only its whole turn on
+    SSD: re-sent after a restart, its prefix is that turn's first slots, as a RAM lookup
+    takes them (it was prefilled again). Only over KV layers: the hybrid model's entry
+    (recurrent state) cannot be cut, and stays a miss."""
+    name, model, tok = loaded
+    req = GenerationRequest(oracle.batch_prompts(tok)["b"][:40], 10)
+    a = _process(model, tok, tmp_path)
+    _run(a, req)
+    a.close()
+    b = _process(model, tok, tmp_path)
+    got = _run(b, req)
+    cut = name == "tiny"
+    assert got.finished.cached_tokens == (len(req.prompt) - 1 if cut else 0)
+    assert (b.prefix.ssd.hits, b.prefix.ssd.dropped) == ((1 if cut else 0), 0)
+    assert got.tokens == _cold(model, tok, req, tmp_path)
+    b.close()
+
+
+def test_an_entry_s_first_slots_are_read_only_where_its_blob_is_used_half(tmp_path):
+    """A longer SSD entry serves a prompt's prefix where that prompt shares more of it than
+    any whole entry gives, reading only the blobs the prefix needs, the last one cut; a
+    few shared tokens of a long blob (a chat template's) read nothing."""
+    import numpy as np
+
+    turn, longer = list(range(1, 61)), list(range(1, 101))
+    ssd = SsdTier(tmp_path, 1 << 30, FP)
+    ssd.put(turn, _layers_for(turn))
+    ssd.step_started()  # (the second extends the first while it is queued: a delta)
+    ssd.put(longer, _layers_for(longer))
+    ssd.close()
+    ssd = SsdTier(tmp_path, 1 << 30, FP)
+    cache = PrefixCache(ram=RamTier(1 << 30), ssd=ssd)
+    n, got = cache.lookup(list(range(1, 81)) + [500])  # 80 of `longer`: 20 of its 40-token delta
+    assert n == 80 and ssd.hits == 1
+    assert np.array_equal(np.array(got[1].keys[0, 0, :, 0]), np.arange(1, 81) + 1)
+    n, got = cache.lookup(list(range(1, 71)) + [500])  # 10 of the delta's 40: the turn only
+    assert n == 60 and ssd.hits == 2 and got[0].keys.shape[2] == 60
+    assert cache.lookup(list(range(1, 13)) + [500])[0] == 0  # 12 of the turn's 60: no read
+    assert ssd.hits == 2 and ssd.dropped == 0
+    ssd.close()
+
+
 def _turns(model, tok, tmp_path):
     """Two turns of one conversation, each in a process of its own: the second turn's
     prompt extends the first turn's whole text (prompt and reply), as an agent's does; and

@@ -95,7 +95,7 @@ def joined(parts: list[list], release: bool = False) -> list:
     return out
 
 
-def _kv_only(cache: list) -> bool:
+def kv_only(cache: list) -> bool:
     from mlx_lm.models.cache import KVCache
 
     return all(type(c) is KVCache and c.keys is not None for c in cache)
@@ -127,7 +127,7 @@ class RamTier:
         best = self._trie.longest(tokens[:-1])
         shared, key = self._trie.shared(tokens[:-1]) if best else (0, None)
         self.hit_chain = frozenset()
-        if shared > best and all(_kv_only(e.cache) for e in self._chain(key)):
+        if shared > best and all(kv_only(e.cache) for e in self._chain(key)):
             # (only past a whole entry's hit: alone, a few shared template tokens would
             # make every new conversation a hit on some other one's entry)
             self._refresh(key)
@@ -213,14 +213,14 @@ class RamTier:
                 trusted: frozenset = frozenset()) -> tuple[tuple, list] | None:
         """(the stored entry `key` extends, a copy of the slots after it) when the new
         entry may be stored as a delta over it, else None (store it whole)."""
-        if not _kv_only(cache) or any(c.offset != len(key) for c in cache):
+        if not kv_only(cache) or any(c.offset != len(key) for c in cache):
             return None
         m = self._trie.longest(key[:-1])
         if not m:
             return None
         chain = self._chain(key[:m])
         root = chain[0]
-        if len(chain) >= MAX_CHAIN or not _kv_only(root.cache) \
+        if len(chain) >= MAX_CHAIN or not kv_only(root.cache) \
                 or len(root.cache) != len(cache) \
                 or any(c.offset != len(root.tokens) for c in root.cache):
             return None
@@ -312,8 +312,12 @@ class PrefixCache:
         n, cache = self.ram.lookup(tokens) if self.ram is not None else (0, None)
         self.hit_chain = self.ram.hit_chain if self.ram is not None else frozenset()
         m = self.ssd.longest(tokens) if self.ssd is not None else 0
+        entry = None
+        if self.ssd is not None:  # or the first slots of a longer entry's (`SsdTier.shared`)
+            if (cut := self.ssd.shared(tokens, max(m, n)))[0]:
+                m, entry = cut
         if m > n:
-            restored = self.ssd.load(tokens, m)
+            restored = self.ssd.load(tokens, m, entry)
             if restored is not None:
                 self.hit_chain = frozenset()
                 if self.ram is not None:

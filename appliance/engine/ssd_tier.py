@@ -18,8 +18,9 @@ the file) and verified before use: a corrupt, truncated or foreign blob is dropp
 with one warning and never served. An entry that extends a stored one (the next turn of a
 conversation over the last) is written as a delta: only its new tokens' KV, with the stored
 one as its parent (KVCache layers only; a chain of at most MAX_CHAIN blobs). A hit reads the
-chain and joins it; dropping or evicting an entry drops the entries built on it, and
-eviction takes the least recently used leaves first (a use refreshes the whole chain). On
+chain and joins it (or the first slots of a longer entry's: `shared`); dropping or evicting
+an entry drops the entries built on it, and eviction takes the least recently used leaves
+first (a use refreshes the whole chain). On
 CPU, writing each turn's whole prefix cost an agents run 3-13% (25th session): the bytes
 written fall by about the number of turns. diskcache only indexes (cull_limit=0: its own
 culling evicts blindly, see the tech brief); eviction is ours, least recently used
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 
 from appliance.engine import threads
-from appliance.engine.prefix_cache import joined
+from appliance.engine.prefix_cache import joined, kv_only
 from appliance.engine.ssd_blob import (
     _POOL,
     _frozen,
@@ -145,25 +146,48 @@ class SsdTier:
         with self._lock:
             return self._trie.longest(tokens[:-1])
 
-    def load(self, tokens: list[int], n: int) -> list | None:
+    def shared(self, tokens: list[int], floor: int) -> tuple[int, list[int] | None]:
+        """More than `floor` leading tokens of tokens[:-1] that a stored entry shares and
+        goes on past, as RAM's lookup takes them (a re-sent prompt after a restart finds
+        only its whole turn here): (n, that entry's tokens), or (0, None). Only over KV
+        layers (their first slots are the prefix), and only where the blob holding the
+        n-th token is used at least half: a few shared template tokens do not read another
+        conversation's blob."""
+        with self._lock:
+            n, entry = self._trie.shared(tokens[:-1])
+        if n <= floor or entry is None:
+            return 0, None
+        for _, meta in self._chain(_key(entry)):  # the entry first
+            start, end = meta.get("start", 0), len(meta["tokens"])
+            if start < n:
+                kv = meta.get("kv") or "parent" in meta  # (a delta holds KV layers only)
+                return (n, list(entry)) if kv and 2 * (n - start) >= end - start else (0, None)
+        return 0, None
+
+    def load(self, tokens: list[int], n: int, entry: list[int] | None = None) -> list | None:
         """The cache stored for tokens[:n], verified (each blob of its chain, then joined);
-        None (and the bad entry dropped, with the entries built on it) if any is bad."""
-        key = _key(tokens[:n])
-        chain = self._chain(key)
+        with `entry` (`shared`), the first n slots of that longer entry's, reading only the
+        blobs they need. None (and a bad entry dropped, with the entries built on it) if any
+        is bad."""
+        chain = [(k, m) for k, m in reversed(self._chain(_key(entry or tokens[:n])))
+                 if m.get("start", 0) < n]  # the root first, up to the blob holding n
         if not chain:
             self.misses += 1
             return None
         parts = []
-        for k, meta in reversed(chain):  # the root first
+        for k, meta in chain:
             part = self._read(k, meta)
             if part is None:
                 self.misses += 1
                 return None
             parts.append(part)
+        if len(chain[-1][1]["tokens"]) > n:  # the first slots of the last blob read
+            for c in parts[-1]:
+                c.offset = n - chain[-1][1].get("start", 0)
         self.hits += 1
         self.hit_tokens += n
-        self._touch(key)
-        return parts[0] if len(parts) == 1 else joined(parts, release=True)
+        self._touch(chain[-1][0])
+        return parts[0] if len(parts) == 1 and entry is None else joined(parts, release=True)
 
     def _read(self, key: str, meta: dict) -> list | None:
         from appliance.engine.kv import load_blob
@@ -246,7 +270,7 @@ class SsdTier:
             self._pending_bytes += nbytes
         self._queued[key] = (list(tokens), depth, len(cache))
         self._queue.put(("put", key, list(tokens), frozen, time.monotonic(), nbytes, parent,
-                         len(cache)))
+                         len(cache), kv_only(cache)))
 
     def _base(self, tokens: list[int], cache: list) -> tuple[str | None, int, int]:
         """The entry this one extends, its length, and this one's depth in the chain: the
@@ -257,9 +281,7 @@ class SsdTier:
         156-162 MB with this, 178-200 MB without.) Only over an entry of as many layers: with
         a draft, a solo row's entry holds the model's layers, a batched row's the drafter's
         too (`solo.py`)."""
-        from mlx_lm.models.cache import KVCache
-
-        if not all(type(c) is KVCache and c.keys is not None for c in cache):
+        if not kv_only(cache):
             return None, 0, 0
         n = len(cache)
         with self._lock:
@@ -304,7 +326,7 @@ class SsdTier:
                                             self._queue.qsize(), self._closing):
                             time.sleep(QUIET_S / 2)
                         t = time.monotonic()
-                        self._write(*item[1:4], parent=item[6], layers=item[7])
+                        self._write(*item[1:4], parent=item[6], layers=item[7], kv=item[8])
                         log.debug("SSD prefix cache: wrote %d tokens (%d bytes) in %.3f s, "
                                   "%.3f s after it was queued", len(item[2]), item[5],
                                   time.monotonic() - t, t - item[4])
@@ -327,7 +349,7 @@ class SsdTier:
                 self._clear_wanted = True
 
     def _write(self, key: str, tokens: list[int], blob, parent: str | None = None,
-               layers: int | None = None) -> None:
+               layers: int | None = None, kv: bool = False) -> None:
         name = f"{key}.safetensors"
         final, tmp = self.dir / "blobs" / name, self.dir / "blobs" / f".tmp-{name}"
         base = self._chain(parent) if parent else []
@@ -357,7 +379,7 @@ class SsdTier:
             self.evictions += self._remove(min(others, key=lambda k: self._meta[k]["used"]))
         os.replace(tmp, final)
         meta = {"tokens": tokens, "file": name, "nbytes": size, "crcs": crcs,
-                "used": time.time(), "layers": layers}
+                "used": time.time(), "layers": layers, "kv": kv}
         if parent:
             meta.update(parent=parent, start=len(base[0][1]["tokens"]),
                         depth=base[0][1].get("depth", 0) + 1)
