@@ -38,17 +38,20 @@ def test_budget_shapes():
     b.check_integrity()
 
 
-def test_every_row_is_charged_its_native_start_and_a_lone_row_its_chunk_past_it():
+@pytest.mark.parametrize("prefilling", [1, 2])
+def test_every_row_is_charged_its_native_start_and_a_prefilling_row_its_chunk_past_it(
+        prefilling):
     """A row holds native KV until kv.start tokens (plus a verify's drafts), in a batch
-    too; then encoded. A lone row runs generate_step's arithmetic, whose chunk may carry it
-    past start natively: the budget sets that surplus aside once."""
+    too; then encoded. A row being prefilled, lone or batched, runs generate_step's
+    arithmetic, whose chunk may carry it past start natively: the budget sets that surplus
+    aside once for each row prefilled at a time (batch.prefill_rows)."""
     s = KVShape(full_per_token=3, sliding_per_token=0, window=0, recurrent=0,
-                native_per_token=10, start=64, spec=2, chunk=8)
+                native_per_token=10, start=64, spec=2, chunk=8, prefilling=prefilling)
     assert s.row_bytes(50) == 500  # short: native
     assert s.row_bytes(100) == max(300, 66 * 10) == 660  # its native phase was bigger
     assert s.row_bytes(400) == 1200  # long: encoded
-    assert s.lone_row_extra == 10 * 5
-    b = Budget(50 + 3 * 660, s)
+    assert s.prefill_extra == prefilling * 10 * 5
+    b = Budget(prefilling * 50 + 3 * 660, s)
     assert b.room == 3 * 660
     assert all(b.try_admit(i, 50, 50) for i in range(3)) and not b.try_admit(9, 1, 1)
     assert not b.fits_alone(600, 61) and b.fits_alone(600, 60)

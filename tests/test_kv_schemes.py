@@ -79,9 +79,9 @@ def test_batched_rows_equal_the_reference_path_at_the_same_b(tiny, name, schedul
 @pytest.mark.parametrize("schedule", list(oracle.BATCH_SCHEDULES))
 def test_rows_crossing_kv_start_in_a_batch_equal_the_reference_path(tiny, name, schedule,
                                                                    monkeypatch):
-    """kv.start 36 on the 25-90-token prompts: rows reach it while they prefill (their
-    chunk stops there) and while they decode, and move to the encoded part; rows below it
-    stay native beside encoded ones."""
+    """kv.start 36 on the 25-90-token prompts: rows reach it while they prefill (the chunk
+    that reaches it may carry them past it) and while they decode, and move to the encoded
+    part; rows below it stay native beside encoded ones."""
     from appliance.engine.kv.split import SplitLayout
 
     model, tok, prompts = tiny
@@ -105,6 +105,31 @@ def test_rows_crossing_kv_start_in_a_batch_equal_the_reference_path(tiny, name, 
     if schedule != "static-2":  # (its two rows reach 36 in the same prefill chunk)
         assert any(n and c for n, c in seen)  # both kinds of row in one pass
     assert seen[0][1] == 0 and any(c for _, c in seen)  # rows start native, then move
+
+
+@pytest.mark.parametrize("name", ["k8v4", "turboquant"])
+def test_a_row_is_encoded_after_the_same_chunk_alone_and_in_a_batch(tiny, name, monkeypatch):
+    """A row's KV is encoded after the prefill chunk that carries it to kv.start, alone
+    (mlx-lm's generate_step arithmetic) and in a batch alike, so a request's tokens do not
+    change with the load. A batched row's chunk used to stop at kv.start: the 40-token
+    prompt was encoded holding 36 tokens in a batch and 39 alone, and on a sliding-window
+    model with near-tied logits a greedy request's tokens moved with the rows beside it."""
+    from appliance.engine.kv.quantized import QuantRowCache
+
+    model, tok, prompts = tiny
+    held, encode = [], QuantRowCache.from_native.__func__
+    monkeypatch.setattr(QuantRowCache, "from_native", classmethod(
+        lambda cls, c, *a, **k: held.append(c.offset) or encode(cls, c, *a, **k)))
+    rows = {r: oracle.BATCH_ROWS[r][1] for r in "abcd"}
+    alone = {}
+    for r, n in rows.items():
+        alone[r] = [t for t, _ in generate(model, prompts[r], n, SamplingParams(),
+                                           oracle.BATCH_PREFILL_CHUNK,
+                                           Scheme(CODECS[name](), (2, 3), 36))]
+    lone_held, held[:] = sorted(held), []
+    batched = _run(model, tok, prompts, "static-4", Scheme(CODECS[name](), (2, 3), 36))
+    assert sorted(held) == lone_held  # (two encoded layers a row)
+    assert batched == alone
 
 
 @pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-qwen3-next"])

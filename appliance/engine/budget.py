@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from appliance.plan.kv import full_row_bytes, lone_row_extra
+from appliance.plan.kv import full_row_bytes, prefill_extra
 
 # Admission counts tokens exactly. mlx-lm's buffers grow 256 tokens at a time past the last
 # write, so a row may hold a little more: the plan counts that beside the budget
@@ -29,7 +29,8 @@ class KVShape:
     native_per_token: int = 0  # full layers before quantization starts (kv.start)
     start: int = 0  # tokens a row holds native before its KV is quantized
     spec: int = 0  # draft tokens a verify pass may add past `start` before a row moves
-    chunk: int = 0  # a lone row's prefill chunk (it may carry the row past `start`)
+    chunk: int = 0  # a prefill chunk (it may carry a row past `start` natively)
+    prefilling: int = 1  # rows prefilled together (batch.prefill_rows)
 
     def row_bytes(self, tokens: int) -> int:
         """A row's most bytes (its full layers: `plan.kv.full_row_bytes`)."""
@@ -46,13 +47,15 @@ class KVShape:
                    sliding_per_token=kv.sliding_bytes_per_token,
                    window=plan.model.sliding_window or 0, recurrent=recurrent,
                    native_per_token=kv.native_bytes_per_token + draft, start=kv.start,
-                   spec=plan.draft.k, chunk=plan.batch.prefill_chunk)
+                   spec=plan.draft.k, chunk=plan.batch.prefill_chunk,
+                   prefilling=plan.batch.prefill_rows)
 
     @property
-    def lone_row_extra(self) -> int:
-        """What a lone row may hold beyond `row_bytes` (`plan.kv.lone_row_extra`)."""
-        return lone_row_extra(self.full_per_token, self.native_per_token, self.start,
-                              self.spec, self.chunk)
+    def prefill_extra(self) -> int:
+        """What the rows being prefilled may hold beyond `row_bytes` at once
+        (`plan.kv.prefill_extra`, for each of them)."""
+        return self.prefilling * prefill_extra(self.full_per_token, self.native_per_token,
+                                               self.start, self.spec, self.chunk)
 
 
 class Budget:
@@ -83,8 +86,8 @@ class Budget:
 
     @property
     def room(self) -> int:
-        """The budget less what the one lone row may hold native (see KVShape)."""
-        return self.budget - self.shape.lone_row_extra
+        """The budget less what rows being prefilled may hold natively (see KVShape)."""
+        return self.budget - self.shape.prefill_extra
 
     def fits_alone(self, prompt_tokens: int, max_tokens: int) -> bool:
         return self._padded([prompt_tokens + max_tokens]) <= self.room

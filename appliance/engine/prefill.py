@@ -113,7 +113,7 @@ class Prefill:
         across = self.lone_native()
         for i, segs in enumerate(self.segments):
             uid, start = self.batch.uids[i], len(self.batch.tokens[i])
-            room = self.scheme.chunk_limit(start, self.prefill_chunk)
+            room = self.prefill_chunk  # (past kv.start too: the row encodes after it)
             chunk, end = [], False
             # A lone native row's chunk runs on past its checkpoints (each is sliced from
             # its cache afterwards), not up to the last prompt token (the decode step's)

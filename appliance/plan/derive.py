@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from appliance import _mlx_env
-from appliance.plan.kv import full_row_bytes, lone_row_extra
+from appliance.plan.kv import full_row_bytes, prefill_extra
 from appliance.plan.machine import (
     DEFAULT_BANDWIDTH,
     DEFAULT_CUDA_TFLOPS,
@@ -85,14 +85,15 @@ class Shape:
     native_per_token: int = 0  # before kv.start: native KV (an encoding scheme's rows)
     start: int = 0  # kv.start
     spec: int = 0  # draft.k
+    prefill_rows: int = 1  # rows prefilled together
 
     def row(self, tokens: int, chunk: int = 0) -> int:
         """One row's most KV bytes, as admission counts them (engine/budget.py; `chunk`:
-        the lone row's, whose one prefill chunk may run past kv.start natively)."""
+        with it, what the rows being prefilled may hold past kv.start natively)."""
         return (full_row_bytes(tokens, self.per_token, self.native_per_token, self.start,
                                self.spec)
-                + lone_row_extra(self.per_token, self.native_per_token, self.start, self.spec,
-                                 chunk))
+                + self.prefill_rows * prefill_extra(self.per_token, self.native_per_token,
+                                                    self.start, self.spec, chunk))
 
 
 @dataclass(frozen=True)
@@ -275,7 +276,7 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
         rows = 1
     act, cache, hit = fixed(ctx, rows)  # now for the rows decided
 
-    if kv_budget is None:  # (a lone row's chunk past kv.start, encoded schemes: on top)
+    if kv_budget is None:  # (prefill chunks past kv.start, encoded schemes: on top)
         budget = max(rows * s.row(typical), s.row(ctx)) + s.row(0, chunk)
         why["batch.kv_budget"] = (
             f"kv_budget={gib(budget)}: " + (f"{rows} rows of {typical} tokens"

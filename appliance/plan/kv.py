@@ -80,19 +80,21 @@ class KVPlan:
 def full_row_bytes(tokens: int, per_token: int, native_per_token: int = 0, start: int = 0,
                    spec: int = 0) -> int:
     """One row's most bytes on its growing (full-attention) layers: below `start` (plus a
-    verify's `spec` drafts; a batched prefill chunk stops at `start`) native, after it
-    encoded (`per_token`). Admission (engine/budget.py) and the plan count with it."""
+    verify's `spec` drafts) native, after it encoded (`per_token`). A row being prefilled
+    may hold one chunk more natively (`prefill_extra`). Admission (engine/budget.py) and
+    the plan count with it."""
     full = per_token * tokens
     if start and native_per_token > per_token:
         full = max(full, native_per_token * min(tokens, start + spec))
     return full
 
 
-def lone_row_extra(per_token: int, native_per_token: int, start: int, spec: int,
-                   chunk: int) -> int:
-    """What a lone row may hold beyond `full_row_bytes`: it runs mlx-lm's generate_step
-    arithmetic, which encodes before a chunk, so one chunk may carry it past `start`
-    natively. Only one row is ever lone."""
+def prefill_extra(per_token: int, native_per_token: int, start: int, spec: int,
+                  chunk: int) -> int:
+    """What a row being prefilled may hold beyond `full_row_bytes`: a row, lone or batched,
+    is encoded after the chunk that carries it to `start` (mlx-lm's generate_step
+    arithmetic), so that chunk may carry it past `start` natively. As many rows as are
+    prefilled together (`batch.prefill_rows`) may hold it at once."""
     if not start or native_per_token <= per_token:
         return 0
     return native_per_token * max(0, chunk - 1 - spec)

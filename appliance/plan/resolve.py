@@ -271,7 +271,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                   fused_prefill=set(info.layer_kinds) <= {"full"}
                   and not (kv.quantized_layers and kv.start > 0),
                   native_per_token=kv.native_bytes_per_token + draft.kv_bytes_per_token,
-                  start=kv.start, spec=draft.k)
+                  start=kv.start, spec=draft.k, prefill_rows=b.prefill_rows)
     d = derive(facts, shape, Workload(srv.clients, srv.typical_context),
                max_rows=rows_set, prefill_chunk=chunk_set, max_context=ctx_set,
                trained_context=srv.max_context is None, kv_budget=kv_budget,

@@ -78,13 +78,6 @@ class Scheme:
             if type(c) is KVCache and c.offset >= self.start:
                 cache[i] = QuantRowCache.from_native(c, self.layer_codec(i), self.reference)
 
-    def chunk_limit(self, tokens: int, chunk: int) -> int:
-        """A batched row's next prefill chunk, holding `tokens`: it stops at `start`, so a
-        row holds at most `start` native tokens (admission counts that; budget.py)."""
-        if self.quantized and self.start and tokens < self.start:
-            return min(chunk, self.start - tokens)
-        return chunk
-
     def merge(self, rows: list[list]) -> list:
         """Per layer, one layout holding `rows` (each a list of per-layer row caches)."""
         if not rows:
