@@ -548,6 +548,35 @@ def test_an_mtp_drafters_plain_steps_are_logged_and_applied_as_each_row_is_read(
     assert len(d._log) <= LAG_MAX + 1 and d._lost <= set(running)
 
 
+def test_a_verify_pass_after_plain_steps_keeps_a_short_rows_whole_window():
+    """A verify pass after plain steps on a sliding-window layer meets a rotated ring; a row
+    whose window is not yet full (a 3-token prompt beside a 30-token one) must still see its
+    oldest token. mlx-lm's mask for that pass masked it (it counted the ring's trim from
+    the write cursor), and the short row's tokens parted from draft=none's. Speculating
+    one step in four, proposals scripted (every fifth wrong): draft=none's tokens."""
+    model, tok = oracle.load(oracle.model_path("tiny-gemma3"), "float32")
+    ids = list(tok.encode(oracle.BATCH_TEXT))
+    p = {"short": ids[50:53], "long": ids[10:40]}
+
+    def go(draft):
+        rows = {r: Collector(GenerationRequest(p[r], 40)) for r in p}
+        s = scheduler(model, tok, 2, draft)
+        drive(s, [(0, "insert", "long"), (0, "insert", "short")], rows)
+        return {r: c.tokens for r, c in rows.items()}, s
+
+    class EveryFourth(Control):
+        n = 0
+
+        def speculate(self, rows, settled=True, left=None):
+            self.n += 1
+            return self.n % 4 == 0
+
+    plain, _ = go(None)
+    spec, s = go((Scripted(p, plain), EveryFourth(4, adaptive=False)))
+    assert s._batch.spec_ticks >= 5
+    assert spec == plain
+
+
 @pytest.mark.parametrize("drafter", ["mtp", "model"])
 def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, monkeypatch,
                                                                request):

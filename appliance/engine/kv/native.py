@@ -339,6 +339,16 @@ def drop_tails(layout, counts: list[int], holes: bool = False) -> None:
 class SlidingLayout(BatchRotatingKVCache):
     """Sliding window: each row keeps its last `max_size` tokens (mlx-lm's rotation)."""
 
+    def make_mask(self, N: int, window_size=None, return_array: bool = False):
+        """mlx-lm's mask; for a multi-token pass over a ring that plain steps rotated, the
+        ring is put in time order first, as the pass's write does first (`_update_concat`):
+        the oldest slots that write trims then count from the ring's length, not from its
+        write cursor. mlx-lm counted from the cursor and masked one slot too many, the oldest
+        token of a row whose window was not yet full (a verify pass after plain steps)."""
+        if N > 1 and self.rotated:
+            self._temporal_order()
+        return super().make_mask(N, window_size=window_size, return_array=return_array)
+
     def rollback(self, i: int, n: int) -> None:
         """Exact while the buffer is in time order and ends at the write cursor: before the
         ring first wraps, and right after a multi-token pass (mlx-lm then keeps the last
