@@ -178,6 +178,40 @@ def test_named_function_and_parallel_calls(client, plan):
     _check_calls(r.choices[0].message.tool_calls)
 
 
+def test_a_tools_own_references_resolve_when_a_call_is_forced(client, plan):
+    """Parameters that name their parts in `$defs` or `definitions` (what pydantic, and the
+    openai client's `pydantic_function_tool`, write for a nested model; MCP servers too)
+    compile into the call's grammar: they were a 400, "Pointer '/$defs/Loc' does not
+    exist", once the parameters sat inside the call's schema."""
+    import pydantic
+
+    class Loc(pydantic.BaseModel):
+        file: str
+        line: int
+
+    class Goto(pydantic.BaseModel):
+        loc: Loc
+
+    assert "$defs" in openai.pydantic_function_tool(Goto)["function"]["parameters"]
+    loc = {"type": "object", "properties": {"file": {"enum": ["a.py", "b.py"]},
+                                            "line": {"type": "integer", "minimum": 1,
+                                                     "maximum": 99}},
+           "required": ["file", "line"], "additionalProperties": False}
+    for defs in ("$defs", "definitions"):
+        params = {"type": "object", defs: {"Loc": loc},
+                  "properties": {"loc": {"$ref": f"#/{defs}/Loc"},
+                                 "then": {"anyOf": [{"$ref": f"#/{defs}/Loc"},
+                                                    {"type": "null"}]}},
+                  "required": ["loc", "then"], "additionalProperties": False}
+        tool = {"type": "function", "function": {"name": "goto", "parameters": params}}
+        for choice in ("required", {"type": "function", "function": {"name": "goto"}}):
+            r = client.chat.completions.create(model=plan.model.id, messages=MSGS,
+                                               tools=[tool], tool_choice=choice,
+                                               parallel_tool_calls=False, max_tokens=80)
+            (call,) = r.choices[0].message.tool_calls
+            jsonschema.validate(json.loads(call.function.arguments), params)
+
+
 def test_auto_parses_calls_out_of_the_text_as_it_streams():
     from mlx_lm.tokenizer_utils import load
 

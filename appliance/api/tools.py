@@ -75,11 +75,27 @@ def chosen(tools: list[dict], tool_choice, param: str = "tool_choice") -> tuple[
 
 
 def call_schema(tool: dict) -> dict:
+    """The JSON of one call of `tool`: its name, and arguments valid for its parameters. The
+    parameters sit under properties.arguments here, so their local references (`$defs`,
+    `definitions`: what pydantic and MCP servers write for nested models) point there."""
     fn = tool["function"]
     return {"type": "object", "properties": {"name": {"const": fn["name"]},
-                                             "arguments": fn.get("parameters") or
-                                             {"type": "object"}},
+                                             "arguments": _rebased(fn.get("parameters") or
+                                                                   {"type": "object"})},
             "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _rebased(schema, base: str = "#/properties/arguments"):
+    """`schema` with each local "$ref" ("#", "#/...") pointing under `base`."""
+    if isinstance(schema, list):
+        return [_rebased(x, base) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebased(v, base) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = base + ref[1:]
+    return out
 
 
 def parser_name(fmt: ToolFormat) -> str:
