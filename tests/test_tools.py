@@ -212,6 +212,32 @@ def test_a_tools_own_references_resolve_when_a_call_is_forced(client, plan):
             jsonschema.validate(json.loads(call.function.arguments), params)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_sequences_do_not_apply_inside_a_call(client, plan, stream):
+    """Stop sequences match content, not a call's markup or arguments (as OpenAI's): a
+    forced call with stops that its markup and arguments hold ("\n", a property name, the
+    markup's own tags) comes back whole. It came back cut: finish_reason "tool_calls" with
+    no call, or arguments that were not JSON."""
+    stops = ["\n", "city", "<tool_call>", "</tool_call>"]
+    r = client.chat.completions.create(model=plan.model.id, messages=MSGS, tools=TOOLS,
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=80, stop=stops, stream=stream)
+    if stream:
+        chunks = [c.choices[0] for c in r if c.choices]
+        args = "".join(t.function.arguments or "" for c in chunks
+                       for t in c.delta.tool_calls or [])
+        names = [t.function.name for c in chunks for t in c.delta.tool_calls or []
+                 if t.function.name]
+        finish = chunks[-1].finish_reason
+        assert not "".join(c.delta.content or "" for c in chunks)
+    else:
+        (call,) = r.choices[0].message.tool_calls
+        args, names, finish = call.function.arguments, [call.function.name], \
+            r.choices[0].finish_reason
+    assert finish == "tool_calls" and len(names) == 1
+    jsonschema.validate(json.loads(args), SCHEMAS[names[0]])
+
+
 def test_auto_parses_calls_out_of_the_text_as_it_streams():
     from mlx_lm.tokenizer_utils import load
 

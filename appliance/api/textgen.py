@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from appliance.api.errors import APIError
-from appliance.api.toolstream import CallArgs, CallStart, ToolCall, ToolCallSplitter
+from appliance.api.toolstream import CallArgs, CallStart, ToolCall, ToolCallSplitter, partial
 from appliance.engine import Engine, Finished, FinishReason, GenerationRequest, Rejected, Token
 
 
@@ -46,6 +46,49 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     return best
 
 
+class _Calls:
+    """Where tool-call markup lies in the text so far: stop sequences do not apply there
+    (OpenAI matches them on content only; a stop inside a forced call's arguments cut the
+    call to invalid JSON, or to none)."""
+
+    def __init__(self, fmt):
+        self.start, self.end = fmt.start, fmt.end
+        self.text, self.spans, self.open, self._at = "", [], None, 0
+
+    def add(self, seg: str) -> None:
+        self.text += seg
+        while True:
+            mark = self.start if self.open is None else self.end
+            i = self.text.find(mark, self._at)
+            if i < 0:
+                self._at = max(self._at, len(self.text) - len(mark) + 1)
+                return
+            if self.open is None:
+                self.open = i
+            else:
+                self.spans.append((self.open, i + len(mark)))
+                self.open = None
+            self._at = i + len(mark)
+
+    def tail(self) -> int:
+        """Characters at the end that may be the start of a call's markup."""
+        return partial(self.text, self.start) if self.open is None else 0
+
+    def content(self, a: int, b: int) -> bool:
+        """Whether text[a:b] is content: in no call, nor where one may be starting."""
+        return not ((self.open is not None and b > self.open)
+                    or any(a < y and x < b for x, y in self.spans)
+                    or b > len(self.text) - self.tail())
+
+
+def _find(pending: str, stop: str, base: int, calls: _Calls | None) -> int:
+    """The first match of `stop` in `pending` (at `base` in the text) that is content."""
+    i = pending.find(stop)
+    while i >= 0 and calls is not None and not calls.content(base + i, base + i + len(stop)):
+        i = pending.find(stop, i + 1)
+    return i
+
+
 def submit(engine: Engine, request: GenerationRequest):
     """engine.submit, with its refusals turned into HTTP errors (400 / 429 + Retry-After)."""
     try:
@@ -58,13 +101,17 @@ def submit(engine: Engine, request: GenerationRequest):
 
 
 async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
-                        stops: tuple[str, ...], on_submit=None) -> AsyncIterator[Piece | Done]:
+                        stops: tuple[str, ...], on_submit=None,
+                        calls=None) -> AsyncIterator[Piece | Done]:
     """Yield text pieces, then one Done. Cancels the engine request if abandoned.
-    `on_submit`: called with the engine's RequestHandle once submitted."""
+    `on_submit`: called with the engine's RequestHandle once submitted. `calls`: the
+    tool-call format (a ToolFormat), whose markup stop sequences skip."""
     handle = submit(engine, request)
     if on_submit is not None:
         on_submit(handle)
     detok = tokenizer.detokenizer
+    marks = _Calls(calls) if calls is not None and stops else None
+    base = 0  # where `pending` starts in the text
     pending, toks = "", []  # text decoded but not yet released, and its tokens
     starts: list[int] = []  # where each of those tokens' text starts in `pending`
     stopped: str | None = None  # the stop sequence matched
@@ -92,7 +139,9 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
             starts.append(len(pending))
             detok.add_token(event.id)
             pending += detok.last_segment
-            hits = [(i, s) for s in stops if (i := pending.find(s)) >= 0]
+            if marks is not None:
+                marks.add(detok.last_segment)
+            hits = [(i, s) for s in stops if (i := _find(pending, s, base, marks)) >= 0]
             if hits:
                 at, stopped = min(hits)
                 handle.cancel()
@@ -102,8 +151,12 @@ async def generate_text(engine: Engine, tokenizer, request: GenerationRequest,
                                                     if a < at))
                 continue
             keep = _held_back(pending, stops)
+            if marks is not None and marks.tail():  # (a stop there may match once the
+                # start of a call's markup proves to be content)
+                keep = max(keep, min(len(pending), marks.tail() + max(map(len, stops)) - 1))
             if len(pending) > keep:
                 yield Piece(pending[: len(pending) - keep], tuple(toks))
+                base += len(pending) - keep
                 pending, toks, starts = pending[len(pending) - keep:], [], []
     finally:
         handle.cancel()  # client gone or generator closed: stop at the next step
@@ -117,7 +170,8 @@ def generate(engine: Engine, tokenizer, prep, on_submit=None) -> AsyncIterator[I
     (`prep.tools`), tool calls are parsed out of the text as it streams: each call is a
     CallStart, CallArgs fragments and the complete ToolCall; the finish reason is
     `tool_calls` when a call was made. `on_submit`: as in `generate_text`."""
-    gen = generate_text(engine, tokenizer, prep.engine_request, prep.stop, on_submit)
+    gen = generate_text(engine, tokenizer, prep.engine_request, prep.stop, on_submit,
+                        prep.tools)
     return gen if prep.tools is None else _with_tool_calls(gen, ToolCallSplitter(prep.tools))
 
 

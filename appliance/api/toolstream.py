@@ -59,7 +59,7 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _partial(text: str, marker: str) -> int:
+def partial(text: str, marker: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
     return next((k for k in range(min(len(marker) - 1, len(text)), 0, -1)
                  if text.endswith(marker[:k])), 0)
@@ -92,7 +92,7 @@ class ToolCallSplitter:
             if not self.in_call:
                 i = self.buf.find(start)
                 if i < 0:
-                    keep = _partial(self.buf, start)
+                    keep = partial(self.buf, start)
                     self._content(out, self.buf[:len(self.buf) - keep])
                     self.buf = self.buf[len(self.buf) - keep:]
                     break
@@ -102,7 +102,7 @@ class ToolCallSplitter:
             else:
                 j = self.buf.find(end)
                 if j < 0:
-                    self._stream(out, self.buf[:len(self.buf) - _partial(self.buf, end)])
+                    self._stream(out, self.buf[:len(self.buf) - partial(self.buf, end)])
                     break
                 body, self.buf, self.in_call = self.buf[:j], self.buf[j + len(end):], False
                 self._close(out, body, start + body + end)
@@ -116,7 +116,7 @@ class ToolCallSplitter:
         markup of a call after another, cut off."""
         out: list = []
         if self.in_call and not self.done:
-            body = self.buf[:len(self.buf) - _partial(self.buf, self.fmt.end)]
+            body = self.buf[:len(self.buf) - partial(self.buf, self.fmt.end)]
             if not self._close(out, body, None):  # (max_tokens: the finish reason says so)
                 log.debug("dropped a tool call cut off mid-way: %r", self.buf[:200])
         elif not self.done and not self.calls:
