@@ -159,8 +159,13 @@ def test_count_tokens_counts_past_the_context_limit(claude, plan):
     long = [{"role": "user", "content": "word " * 5000}]
     n = claude.messages.count_tokens(model=plan.model.id, messages=long).input_tokens
     assert n > plan.server.max_context
-    with pytest.raises(anthropic.BadRequestError, match="context limit"):
+    with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
         claude.messages.create(model=plan.model.id, max_tokens=2, messages=long)
+    # a prompt that fits, with max_tokens past the limit: in the words Anthropic's API uses
+    with pytest.raises(anthropic.BadRequestError,
+                       match="input length and `max_tokens` exceed context limit"):
+        claude.messages.create(model=plan.model.id, max_tokens=plan.server.max_context,
+                               messages=MSGS)
 
 
 @pytest.mark.parametrize("extra,status,fragment", [

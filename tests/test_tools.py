@@ -500,3 +500,10 @@ def test_context_overflow_is_context_length_exceeded(client, plan):
         client.chat.completions.create(model=plan.model.id, max_tokens=2, messages=[
             {"role": "user", "content": "word " * (plan.server.max_context + 10)}])
     assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
+    # the prompt fits, max_tokens does not: the same code, which agent frameworks read to
+    # compact their history (it was invalid_value, naming max_tokens)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=plan.model.id, messages=MSGS,
+                                       max_tokens=plan.server.max_context)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
+    assert "decrease input length or `max_tokens`" in e.value.message

@@ -103,20 +103,22 @@ def _max_tokens(requested: int | None, prompt_len: int, plan: ExecutionPlan, nam
     if prompt_len == 0:
         raise invalid(prompt, "the prompt is empty")
     if prompt_len >= limit:
-        raise too_long(prompt, f"the prompt has {prompt_len} tokens; this server's context "
-                               f"limit is {limit} tokens (server.max_context)")
+        raise too_long(prompt, f"prompt is too long: {prompt_len} tokens > {limit - 1} "
+                               "maximum (server.max_context, one token left to generate)")
     if requested is None:  # unspecified: as much as fits, up to the default
         return min(plan.server.default_max_tokens, limit - prompt_len)
     if requested < 1:
         raise invalid(name, f"{requested} must be >= 1")
-    if prompt_len + requested > limit:
-        raise invalid(name, f"prompt ({prompt_len} tokens) + {name} ({requested}) exceeds "
-                            f"this server's context limit of {limit} tokens (server.max_context)")
+    if prompt_len + requested > limit:  # (as OpenAI's and Anthropic's APIs say it)
+        raise too_long(prompt, f"input length and `{name}` exceed context limit: "
+                               f"{prompt_len} + {requested} > {limit}, decrease input length "
+                               f"or `{name}` and try again (server.max_context)")
     return requested
 
 
 def too_long(param: str, message: str) -> APIError:
-    """The code agent frameworks look for to trim their history."""
+    """The code agent frameworks look for to trim their history (OpenAI's; Anthropic's
+    clients read the message's words), naming the prompt's field as OpenAI does."""
     return APIError(400, f"{param}: {message}", param=param, code="context_length_exceeded")
 
 
@@ -133,8 +135,8 @@ def _refuse_if_surely_too_long(tokenizer, texts, plan: ExecutionPlan, param: str
     size = sum(len(t.encode()) for t in texts if isinstance(t, str))
     floor = size // _longest_token_bytes(tokenizer)
     if floor >= plan.server.max_context:
-        raise too_long(param, f"the prompt is {size:,} bytes, at least {floor:,} tokens; this "
-                              f"server's context limit is {plan.server.max_context} tokens "
+        raise too_long(param, f"prompt is too long: {size:,} bytes, at least {floor:,} "
+                              f"tokens > {plan.server.max_context - 1} maximum "
                               "(server.max_context)")
 
 
