@@ -43,7 +43,8 @@ SUCCESS = {  # path -> the 200 body's component
 }
 WHY = {
     400: "Invalid request: the body is not valid JSON, or a field is wrong (`error.param` "
-         "names it; `code` context_length_exceeded when the prompt, or it and max_tokens, do not fit)",
+         "names it; `code` context_length_exceeded when the prompt, or it and max_tokens, "
+         "do not fit)",
     401: "Missing or wrong API key (server.api_key is set)",
     403: "A foreign Host header on a loopback bind (DNS rebinding)",
     404: "No such model (`error.param`: model)",
