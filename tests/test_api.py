@@ -124,6 +124,20 @@ def test_a_matched_stop_finishes_with_stop_though_max_tokens_came_first(engine):
     assert done.finish_reason == "stop"
 
 
+def test_logprob_bytes_rebuild_characters_split_across_tokens(client, plan):
+    """OpenAI's `bytes` are each token's own bytes, so characters split across tokens can
+    be rebuilt; a token holding part of one reported U+FFFD's bytes. (The output is
+    forced to a string of such characters.)"""
+    r = client.chat.completions.create(
+        model=plan.model.id, messages=[{"role": "user", "content": "smile"}], max_tokens=20,
+        logprobs=True, response_format={"type": "json_schema", "json_schema": {
+            "name": "e", "schema": {"type": "string", "enum": ["🙂 é"]}}})
+    entries = r.choices[0].logprobs.content
+    assert any(e.token == "\ufffd" for e in entries)  # (a character split across tokens)
+    assert b"".join(bytes(e.bytes) for e in entries).decode() == \
+        r.choices[0].message.content == '"🙂 é"'
+
+
 def test_stream_usage_when_asked(client, plan):
     chunks = list(client.chat.completions.create(
         model=plan.model.id, messages=[{"role": "user", "content": "hi"}], max_tokens=5,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import msgspec
@@ -45,6 +46,26 @@ def _top(top) -> list:
     return [(i, v) for i, v in top if v > -math.inf]
 
 
+@functools.lru_cache(maxsize=4)
+def _token_bytes(tokenizer) -> list[bytes] | None:
+    """Each token's own bytes, from the vocabulary as mlx-lm's detokenizer reads it: a
+    token that holds part of a character decodes to U+FFFD, whose bytes are not its own
+    (OpenAI's `bytes` are there to rebuild such characters). None: a vocabulary read
+    whole-text only (mlx-lm's naive detokenizer)."""
+    names = getattr(tokenizer.detokenizer, "tokenmap", None)
+    if not names:
+        return None
+    if isinstance(names[0], bytes):  # SentencePiece: byte tokens already hold their byte
+        return [b.replace("\u2581".encode(), b" ") for b in names]
+    # byte-level BPE (GPT-2's table: printable stand-ins for the 256 byte values)
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    stand_in = {chr(b): b for b in printable}
+    stand_in.update({chr(256 + n): b for n, b in
+                     enumerate(b for b in range(256) if b not in printable)})
+    return [b"".join(bytes([stand_in[c]]) if c in stand_in else c.encode() for c in name)
+            for name in names]
+
+
 def tool_call(c: ToolCall) -> dict:
     return {"id": c.id, "type": "function",
             "function": {"name": c.name, "arguments": c.arguments}}
@@ -59,8 +80,9 @@ class Chat:
         self.tok, self.want = tokenizer, want_logprobs
 
     def _entry(self, tid: int, lp: float) -> dict:
-        text = self.tok.decode([tid])
-        return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode())}
+        text, table = self.tok.decode([tid]), _token_bytes(self.tok)
+        raw = table[tid] if table is not None and tid < len(table) else text.encode()
+        return {"token": text, "logprob": _lp(lp), "bytes": list(raw)}
 
     def logprobs(self, pieces: list[Piece]) -> dict | None:
         if not self.want:
