@@ -138,11 +138,27 @@ def test_logprob_bytes_rebuild_characters_split_across_tokens(client, plan):
         r.choices[0].message.content == '"🙂 é"'
 
 
-def test_stream_usage_when_asked(client, plan):
+def test_stream_usage_when_asked(client, server, plan):
     chunks = list(client.chat.completions.create(
         model=plan.model.id, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
         stream=True, stream_options={"include_usage": True}))
     assert chunks[-1].usage.completion_tokens == 5 and chunks[-1].choices == []
+    # on the wire, every chunk before the last carries "usage": null, as OpenAI's do
+    body = {"model": plan.model.id, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    assert all("usage" in e and e["usage"] is None for e in events[:-1])
+    assert events[-1]["usage"]["completion_tokens"] == 5
+
+
+def test_null_n_and_stream_are_their_defaults(server, plan):
+    """OpenAI's API reads null as unset; n and stream were 400s."""
+    r = httpx.post(f"{server}/v1/chat/completions", timeout=60, json={
+        "model": plan.model.id, "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3, "n": None, "stream": None})
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "chat.completion"
 
 
 def test_raw_sse_framing(server, plan):

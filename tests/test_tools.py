@@ -406,6 +406,22 @@ FN = {"name": "f", "parameters": {"type": "object"}}
     ("responses", {"text": {"format": {"type": "json_schema", "name": "a",
                                        "schema": {"type": "object"}, "bogus": 1}}},
      "text.format.bogus"),
+    # an assistant message's calls, sent back: they were taken with any keys, any type, no id
+    ("chat/completions", {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f"}, "bogus": 1}]}]},
+     "messages[1].tool_calls[0].bogus"),
+    ("chat/completions", {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}",
+                                                     "bogus": 1}}]}]},
+     "messages[1].tool_calls[0].function.bogus"),
+    ("chat/completions", {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "bogus", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[1].tool_calls[0].type"),
+    ("chat/completions", {"messages": [*MSGS, {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[1].tool_calls[0].id"),
+    ("responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+     "input[0].call_id"),
 ])
 def test_unknown_nested_fields_are_refused_by_name(server, plan, path, extra, param):
     """Never accepted and ignored, inside objects either."""

@@ -68,7 +68,7 @@ def _sampling(body: _Sampling, plan: ExecutionPlan, vocab: int) -> SamplingParam
                                f"the vocabulary has {vocab} tokens)")
     if body.seed is not None and not 0 <= body.seed <= MAX_SEED:
         raise invalid("seed", f"{body.seed} is out of range [0, {MAX_SEED}]")
-    if body.n != 1:
+    if body.n not in (1, None):
         raise invalid("n", f"{body.n}: only n=1 is supported")
     bias = None
     if body.logit_bias:

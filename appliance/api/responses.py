@@ -129,6 +129,8 @@ def _messages(body: ResponsesRequest) -> list[dict]:
             out.append({"role": role, "content": _content_text(item.get("content"),
                                                                f"input[{i}].content")})
         elif kind == "function_call":
+            if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+                raise invalid(f"input[{i}].call_id", "is required (the id its output answers)")
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"),
                                  "arguments": item.get("arguments") or "{}"}}

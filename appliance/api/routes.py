@@ -86,6 +86,8 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
 
     async def frames() -> AsyncIterator[bytes]:
         env = wire.envelope(state.plan, fmt.chunk_kind, rid, created)
+        if prep.include_usage:  # every chunk but the last carries usage null (OpenAI's)
+            env["usage"] = None
         if (c := fmt.first_chunk()) is not None:
             yield wire.sse({**env, "choices": [c]})
         item = first

@@ -42,9 +42,9 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     seed: Annotated[int, Meta(ge=0, extra_json_schema={"maximum": 2**64 - 1})] | None = None
     stop: NonEmpty | list[NonEmpty] | None = None
-    stream: bool = False
+    stream: bool | None = False  # (null: the default, as OpenAI's API reads it)
     stream_options: dict[str, Any] | None = None
-    n: Annotated[int, Meta(extra_json_schema={"minimum": 1, "maximum": 1})] = 1
+    n: Annotated[int, Meta(extra_json_schema={"minimum": 1, "maximum": 1})] | None = 1
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: Annotated[float, Meta(gt=0, le=10)] | None = None

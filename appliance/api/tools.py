@@ -147,6 +147,12 @@ def message_tool_calls(calls, param: str) -> list[dict]:
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise invalid(f"{param}[{j}].function", "needs a name and arguments")
+        only_known(c, ("id", "type", "function"), f"{param}[{j}]")
+        only_known(fn, ("name", "arguments"), f"{param}[{j}].function")
+        if not isinstance(c.get("id"), str) or not c["id"]:
+            raise invalid(f"{param}[{j}].id", "is required (the id a tool message answers)")
+        if c.get("type", "function") != "function":
+            raise invalid(f"{param}[{j}].type", f"{c['type']!r}: only 'function'")
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
