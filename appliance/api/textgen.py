@@ -1,6 +1,7 @@
 """From engine events to text: streaming detokenization and stop sequences.
 
-Stop sequences are matched on text (as OpenAI documents), not on token ids:
+Stop sequences are matched on text (as OpenAI documents), not on token ids, and on
+content only (never inside a tool call's markup: `_Calls`):
 text that could be the start of a stop sequence is held back until it is
 known not to be one, and a match cancels the engine request at once. Each
 released `Piece` carries the tokens consumed since the previous one, so
