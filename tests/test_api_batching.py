@@ -78,7 +78,8 @@ def test_over_budget_is_400_and_full_queue_is_429():
             "model": plan.model.id, "prompt": "def ", "max_tokens": plan.server.max_context})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert "server.max_context" in err["message"] and err["param"] == "max_tokens"
+        assert "server.max_context" in err["message"] and err["param"] == "prompt"
+        assert err["code"] == "context_length_exceeded"
 
         no_eos = {str(t): -100 for t in engine.eos_ids}
         long = {"model": plan.model.id, "prompt": "def ",

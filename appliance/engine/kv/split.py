@@ -248,8 +248,14 @@ class SplitLayout:
         self.rows.extend(other.rows)
 
     def extract(self, i: int):
-        part, _, j = self._locate(i)
-        return part.extract(j)
+        """Row i's cache; encoded once it holds `start` tokens, as a lone row is after the
+        pass that brings it there (here it moves at its next write): an entry or a row taken
+        out is then what a lone row would hold."""
+        part, book, j = self._locate(i)
+        row = part.extract(j)
+        if part is self.native and book.lengths[j] >= self.start:
+            return QuantRowCache.from_native(row, self.codec, self.reference)
+        return row
 
     def rollback(self, i: int, n: int) -> None:
         part, book, j = self._locate(i)
