@@ -1,3 +1,5 @@
+# (Since the 37th: copied as devrun/next-session-36th.sh; ../../2026-12-05-cpu-37th/scripts/
+# next-session.sh is devrun/next-session.sh, adds part 14 and runs 1-13 through this file.)
 # The 36th session's parts for the next device session (it was lent none); parts 1-7 are the
 # 35th's, run through ../../2026-12-05-h200-35th/scripts/next-session.sh (copied as
 # devrun/next-session-35th.sh). Setup as the 35th's notes say (device-setup.sh, then copies
