@@ -577,6 +577,32 @@ def test_a_verify_pass_after_plain_steps_keeps_a_short_rows_whole_window():
     assert spec == plain
 
 
+def test_a_row_below_kv_start_drafts_short_of_it():
+    """Past kv.start a plain step attends over the codes of the row's KV; a verify pass
+    that carried a row across it attended its fresh float KV there instead, and its tokens
+    parted from draft=none's (tiny-gemma3 with TurboQuant on its full-attention layers, a
+    near-tied random model: within a few tokens of kv.start, for every k). A row below it
+    now drafts at most up to it."""
+    from appliance.engine.kv.turboquant import TurboCodec
+
+    model, tok = oracle.load(oracle.model_path("tiny-gemma3"), "float32")
+    ids = list(tok.encode(oracle.BATCH_TEXT))
+    p = {"a": ids[:30], "b": ids[40:49]}
+
+    def go(draft, start):
+        rows = {r: Collector(GenerationRequest(p[r], 30)) for r in p}
+        s = scheduler(model, tok, 2, draft, scheme=Scheme(TurboCodec(16, 4, 4), (1, 3), start))
+        drive(s, [(0, "insert", "a"), (0, "insert", "b")], rows)
+        return {r: c.tokens for r, c in rows.items()}, s
+
+    for start in (31, 40, 54):
+        plain, _ = go(None, start)
+        for k in (1, 2, 4):
+            spec, s = go((Scripted(p, plain), Control(k, adaptive=False)), start)
+            assert s._batch.spec_ticks > 0
+            assert spec == plain, (start, k)
+
+
 @pytest.mark.parametrize("drafter", ["mtp", "model"])
 def test_a_drafter_that_lagged_restarts_and_stays_token_exact(loaded, drafter, monkeypatch,
                                                                request):

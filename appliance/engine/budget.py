@@ -28,7 +28,8 @@ class KVShape:
     recurrent: int  # constant state bytes per row
     native_per_token: int = 0  # full layers before quantization starts (kv.start)
     start: int = 0  # tokens a row holds native before its KV is quantized
-    spec: int = 0  # draft tokens a verify pass may add past `start` before a row moves
+    spec: int = 0  # slots a verify pass writes past `start` (drafts stop short of it; its
+    #                right padding, to the longest row's or on CUDA to k + 1, rolls back)
     chunk: int = 0  # a prefill chunk (it may carry a row past `start` natively)
     prefilling: int = 1  # rows prefilled together (batch.prefill_rows)
 

@@ -324,9 +324,12 @@ class BatchStep:
             and d.shared_sampling()
         pend = None if ahead else (d.known_pend if d.known_pend is not None
                                    else d.next_tokens.tolist())
-        ks = []
+        ks, start = [], self.scheme.start if self.scheme.quantized else 0
         for i, uid in enumerate(d.uids):
             room = d.max_tokens[i] - d.generated[i] - 1  # the pending token is emitted too
+            if len(d.tokens[i]) < start:  # a row below kv.start drafts short of it: past it
+                # a plain step attends over codes, not over the pass's fresh float KV
+                room = min(room, start - 1 - len(d.tokens[i]))
             # A seeded sampled row proposes nothing: it then draws from its own key one
             # token a step, as without a draft, whatever the (timed) control decides and
             # whichever rows run beside it, so its text is reproducible.

@@ -79,10 +79,10 @@ class KVPlan:
 
 def full_row_bytes(tokens: int, per_token: int, native_per_token: int = 0, start: int = 0,
                    spec: int = 0) -> int:
-    """One row's most bytes on its growing (full-attention) layers: below `start` (plus a
-    verify's `spec` drafts) native, after it encoded (`per_token`). A row being prefilled
-    may hold one chunk more natively (`prefill_extra`). Admission (engine/budget.py) and
-    the plan count with it."""
+    """One row's most bytes on its growing (full-attention) layers: below `start` (plus the
+    `spec` slots a verify pass's padding may write past it) native, after it encoded. A row
+    being prefilled may hold one chunk more natively (`prefill_extra`). Admission
+    (engine/budget.py) and the plan count with it."""
     full = per_token * tokens
     if start and native_per_token > per_token:
         full = max(full, native_per_token * min(tokens, start + spec))
