@@ -132,6 +132,46 @@ def test_a_row_is_encoded_after_the_same_chunk_alone_and_in_a_batch(tiny, name, 
     assert batched == alone
 
 
+# (model, its full-attention layer to encode, head size, kv.start, rows as (prompt tokens,
+# arrival tick), max_rows, prefill_rows, CUDA's whole-buffer policy on, a draft): the
+# fuzzer's cases (a draft keeps a lone first row batched)
+TRIM_CASES = [("tiny", (0,), 64, 16, [(30, 0), (2, 0)], 2, 1, True, False),
+              ("tiny-gemma3", (1,), 16, 0, [(2, 0), (1, 0)], 1, 1, True, False),
+              ("tiny-qwen3-next", (3,), 16, 64, [(66, 0), (34, 1)], 2, 2, False, True)]
+
+
+@pytest.mark.parametrize("case", TRIM_CASES, ids=[c[0] for c in TRIM_CASES])
+def test_cudas_trim_on_the_grid_keeps_every_full_attention_layer_aligned(case, monkeypatch):
+    """On CUDA a filter trims left padding in whole steps (native.GRID_TRIM), but beside
+    encoded layers every full-attention layer trims all of it, as the encoded layers' own
+    bookkeeping does (the model builds one mask for all of them). The prefill batch's
+    native layers (a row taken out to decode, after a pass CUDA right-pads) and a split
+    layer's native part (rows moving across kv.start) trimmed on the grid, and every row of
+    the next pass failed ("Shapes (1,1,1,2) and (1,4,1,17) cannot be broadcast"; found by
+    a differential fuzzer). With CUDA's policy run here, every row is served."""
+    from appliance.engine import step as step_mod
+    from appliance.engine.kv import native
+    from appliance.engine.speculate import Control, LookupDrafter
+
+    name, layers, dim, start, rows, max_rows, prefill_rows, whole, draft = case
+    model, tok = oracle.load(oracle.model_path(name), "float32")
+    ids = list(tok.encode(oracle.BATCH_TEXT))
+    if whole:
+        cuda_shape_policy(monkeypatch)
+        monkeypatch.setattr(step_mod, "HOLD", True)
+    monkeypatch.setattr(native, "GRID_TRIM", True)
+    got = {f"r{i}": Collector(GenerationRequest(ids[7 * i:7 * i + n], 4))
+           for i, (n, _) in enumerate(rows)}
+    s = ContinuousScheduler(model, set(tok.eos_token_ids), max_rows, oracle.BATCH_PREFILL_CHUNK,
+                            Budget(1 << 40, KVShape(1, 0, 0, 0)), prefill_rows=prefill_rows,
+                            scheme=Scheme(TurboCodec(dim, 4, 4), layers, start),
+                            **(dict(drafter=LookupDrafter(1, 3), control=Control(1, False))
+                               if draft else {}))
+    drive(s, [(t, "insert", f"r{i}") for i, (_, t) in enumerate(rows)], got)
+    for c in got.values():
+        assert c.finished.error is None and c.tokens, c.finished
+
+
 @pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-qwen3-next"])
 def test_kv_start_in_a_batch_on_sliding_and_hybrid_models(name):
     """Their full-attention layers split at kv.start 36 (gemma3 builds its global mask from

@@ -53,10 +53,6 @@ class _Batch:
         else:
             layers = self.layers + self.extra
             mx.eval(_books(layers, offsets=False))  # one wait at most (see _books)
-            if any(hasattr(c, "decode_like") for c in self.layers):  # (encoded layers)
-                for c in self.layers:
-                    if isinstance(c, FullLayout):
-                        c.exact_trim = True
             for c in layers:
                 c.filter(keep)
         for name in ROW_LISTS:

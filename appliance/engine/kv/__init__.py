@@ -95,6 +95,8 @@ class Scheme:
             if kind is None:
                 raise ValueError(f"{type(layer[0]).__name__} layers cannot be batched")
             out.append(kind.merge(list(layer)))
+            if self.quantized and kind is FullLayout:  # beside encoded layers, whose masks
+                out[-1].exact_trim = True  # every full-attention layer shares (its filter)
         return out
 
 

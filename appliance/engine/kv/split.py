@@ -117,6 +117,7 @@ class SplitLayout:
         out.rows_c = [b for b, c in enumerate(coded) if c]
         if out.rows_n:
             out.native = FullLayout.merge([rows[b] for b in out.rows_n])
+            out.native.exact_trim = True  # (a filter trims as its book: native.py)
             out.n_rows = _Rows([lengths[b] for b in out.rows_n])
         if out.rows_c:
             out.coded = QuantLayout.merge([rows[b] for b in out.rows_c], codec, reference)
@@ -222,8 +223,6 @@ class SplitLayout:
             book = self.n_rows if name == "native" else self.c_rows
             sel = [j for j, b in enumerate(rows) if b in new]
             if sel:
-                if name == "native":
-                    part.exact_trim = True  # (as its book: native.FullLayout.filter)
                 part.filter(sel)
                 book.filter(sel)
             else:  # an empty part starts afresh (mlx-lm's layouts would keep a stale cursor)
