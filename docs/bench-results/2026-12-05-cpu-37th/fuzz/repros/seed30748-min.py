@@ -1,0 +1,11 @@
+"""Repro: tiny-gemma3 draft=scripted/fixed k=1 max_rows=1 rows=[('r0', 2, 1, 0), ('s0', 'ext', 7, 0)] scheme={'codec': 'turbo', 'layers': [5], 'start': 0, 'kb': 2.5, 'vb': 2.5} prefix=True flags={}
+Run: cd /tmp/fuzz2/src && . /work/main/.venv/bin/activate && \
+  PYTHONPATH=/tmp/fuzz2/src:/tmp/fuzz2/src/tests OPENBLAS_NUM_THREADS=1 python /tmp/fuzz2/repros/seed30748-min.py"""
+import json, sys
+sys.path.insert(0, "/tmp/fuzz2")
+from fuzzcore import check
+CASE = json.loads('{"seed": 30748, "model": "tiny-gemma3", "max_rows": 1, "draft": {"kind": "scripted", "k": 1, "control": "fixed", "every": 4, "salt": 2, "seed": 659556, "p_spec": 0.5, "p_rest": 0, "chunk": 5}, "rounds": [[{"name": "r0", "prompt": [220, 220], "max_tokens": 1, "tick": 0}], [{"name": "s0", "prompt": [], "ext": ["r0", 3, [1121, 4042]], "max_tokens": 7, "tick": 0}]], "prefix": true, "scheme": {"codec": "turbo", "layers": [5], "start": 0, "kb": 2.5, "vb": 2.5}, "flags": {"cuda": false, "grid": false, "hold": false, "ahead": null, "compact": false, "lag": null, "prefill_rows": 1, "compile_step": false, "compile_verify": false}}')
+status, info = check(CASE)
+print(status)
+print(json.dumps(info, indent=1, default=str) if not isinstance(info, str) else info)
+sys.exit(0 if status == "ok" else 1)

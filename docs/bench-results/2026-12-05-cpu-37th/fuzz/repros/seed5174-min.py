@@ -1,0 +1,11 @@
+"""Repro: tiny-gemma3 draft=scripted/fixed k=1 max_rows=1 rows=[('r1', 1, 1, 0), ('s1', 'ext', 2, 0)] scheme={'codec': 'turbo', 'layers': [5], 'start': 0} prefix=True flags={}
+Run: cd /tmp/fuzz2/src && . /work/main/.venv/bin/activate && \
+  PYTHONPATH=/tmp/fuzz2/src:/tmp/fuzz2/src/tests OPENBLAS_NUM_THREADS=1 python /tmp/fuzz/repros/seed5174-min.py"""
+import json, sys
+sys.path.insert(0, "/tmp/fuzz2")
+from fuzzcore import check
+CASE = json.loads('{"seed": 5174, "model": "tiny-gemma3", "max_rows": 1, "draft": {"kind": "scripted", "k": 1, "control": "fixed", "every": 2, "salt": 1, "seed": 146125, "p_spec": 0.5, "p_rest": 0.7, "chunk": 32}, "rounds": [[{"name": "r1", "prompt": [1593], "max_tokens": 1, "tick": 0}], [{"name": "s1", "prompt": [], "ext": ["r1", 5, [2421, 404, 329, 184]], "max_tokens": 2, "tick": 0}]], "prefix": true, "scheme": {"codec": "turbo", "layers": [5], "start": 0}, "flags": {"cuda": false, "grid": false, "hold": false, "ahead": null, "compact": false, "lag": null, "prefill_rows": 1, "compile_step": false, "compile_verify": false}}')
+status, info = check(CASE)
+print(status)
+print(json.dumps(info, indent=1, default=str) if not isinstance(info, str) else info)
+sys.exit(0 if status == "ok" else 1)
