@@ -132,6 +132,31 @@ def test_a_row_is_encoded_after_the_same_chunk_alone_and_in_a_batch(tiny, name, 
     assert batched == alone
 
 
+@pytest.mark.parametrize("name", ["k8v4", "turboquant"])
+def test_a_one_token_prefill_chunk_attends_float_kv_alone_and_in_a_batch(tiny, name):
+    """A prefill chunk attends over float KV whatever its length. A two-token prompt at
+    kv.start 0 prefills one token: alone, before the row encodes (generate_step's
+    arithmetic), over float KV; in a batch its layout was already encoded and a one-token
+    pass was taken for a decode step, over codes, so the first token's log-probability
+    moved by up to 0.075 with the load (TurboQuant), and on near-tied logits the token."""
+    model, tok, _ = tiny
+    ids = list(tok.encode(oracle.BATCH_TEXT))
+    prompts = {f"r{i}": ids[5 * i:5 * i + 2] for i in range(4)}
+    alone = {}
+    for r, p in prompts.items():
+        out = list(generate(model, p, 3, SamplingParams(), oracle.BATCH_PREFILL_CHUNK,
+                            Scheme(CODECS[name](), ALL_LAYERS, 0)))
+        alone[r] = [t for t, _ in out], out[0][1][out[0][0]].item()
+    rows = {r: Collector(GenerationRequest(p, 3, logprobs=0)) for r, p in prompts.items()}
+    s = ContinuousScheduler(model, set(tok.eos_token_ids), 4, oracle.BATCH_PREFILL_CHUNK,
+                            Budget(1 << 40, KVShape(1, 0, 0, 0)),
+                            scheme=Scheme(CODECS[name](), ALL_LAYERS, 0))
+    drive(s, [(0, "insert", r) for r in rows], rows)
+    for r, c in rows.items():
+        assert c.tokens == alone[r][0]
+        assert c.events[0].logprob == pytest.approx(alone[r][1], abs=1e-4)
+
+
 # (model, its full-attention layer to encode, head size, kv.start, rows as (prompt tokens,
 # arrival tick), max_rows, prefill_rows, CUDA's whole-buffer policy on, a draft): the
 # fuzzer's cases (a draft keeps a lone first row batched)

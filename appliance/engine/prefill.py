@@ -18,6 +18,7 @@ import mlx.core as mx
 from appliance.engine.kv import Scheme
 from appliance.engine.kv.native import FullLayout
 from appliance.engine.kv.passes import causal, fusable, whole_buffers
+from appliance.engine.kv.quantized import prefilling
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.speculate import WHOLE_BUFFER, Tapped
 from appliance.engine.speculate.shapes import pass_width
@@ -210,7 +211,7 @@ class Prefill:
         else:
             x = mx.array(chunks)
         with whole_buffers(layers, width, WHOLE_BUFFER and not fused), \
-                causal(layers, fused):
+                causal(layers, fused), prefilling(layers):
             model(x, cache=layers)
         if untapped:
             self.drafter.drop(self.batch.uids)

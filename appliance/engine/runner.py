@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import mlx.core as mx
 
 from appliance.engine.kv import Scheme
+from appliance.engine.kv.quantized import prefilling
 from appliance.engine.sampling import make_processors, make_sampler
 from appliance.engine.types import SamplingParams
 
@@ -62,7 +63,8 @@ class Decoder:
             n = min(prefill_chunk, rest.size - 1)
             if stops and stops[0] > pos:
                 n = min(n, stops[0] - pos)
-            model(rest[:n][None], cache=self.cache)
+            with prefilling(self.cache):  # (a one-token chunk too: quantized._Stored)
+                model(rest[:n][None], cache=self.cache)
             self.scheme.maybe_quantize(self.cache)
             mx.eval([c.state for c in self.cache])
             if self.processors:

@@ -157,15 +157,18 @@ class _Stored:
 
     # A multi-token pass that stands for that many decode steps (a speculative verify)
     # attends as decode does, over the codes of every token, its own included, so its
-    # tokens equal those steps'; a prefill chunk attends over its fresh float KV.
-    decode_like = False
+    # tokens equal those steps'; a prefill chunk attends over its fresh float KV, a
+    # one-token chunk too (`prefill_like`, set by `prefilling`): by length alone, a
+    # batched row's one-token chunk attended codes where a lone row's, still native before
+    # it encodes, attended float, and a two-token prompt's tokens changed with the load.
+    decode_like = prefill_like = False
 
     def _fetch(self, end: int, fresh_k, fresh_v):
         """Codes for a decode step; float KV (history decoded + the fresh chunk as computed)
         for a prefill chunk, and for every step on the reference path."""
         n = fresh_k.shape[2]
         keys, values = _slice(self.keys, 0, end), _slice(self.values, 0, end)
-        decode = n == 1 or self.decode_like
+        decode = (n == 1 and not self.prefill_like) or self.decode_like
         if decode and not self.reference and self.codec.attends:
             return Codes(keys, self.codec), Codes(values, self.codec)
         dt = fresh_k.dtype
@@ -177,6 +180,22 @@ class _Stored:
                                axis=2),
                 mx.concatenate([self.codec.decode(_slice(values, 0, end - n), "v", dt),
                                 fresh_v], axis=2))
+
+
+class prefilling:
+    """`with prefilling(layers)`: a prefill pass; encoded layers (a split layer's encoded
+    part too) attend over float KV whatever the chunk's length (`_Stored.prefill_like`)."""
+
+    def __init__(self, layers: list):
+        self.layers = [c for c in layers if hasattr(c, "prefill_like")]
+
+    def __enter__(self):
+        for c in self.layers:
+            c.prefill_like = True
+
+    def __exit__(self, *exc):
+        for c in self.layers:
+            c.prefill_like = False
 
 
 class QuantRowCache(_Stored, QuantizedKVCache):

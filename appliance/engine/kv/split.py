@@ -94,7 +94,8 @@ class SplitLayout:
         self.rows = _Rows(lengths)  # the batch, as one left-padded layout would hold it
         self.n_rows, self.c_rows = _Rows([]), _Rows([])  # each part's own
         self._rp: list[int] | None = None  # right padding of the pass under way
-        self.decode_like = False  # (a verify pass: see quantized._Stored)
+        # a verify pass, a prefill pass (see quantized._Stored)
+        self.decode_like = self.prefill_like = False
 
     # -- what the model reads ------------------------------------------------------
     @property
@@ -173,7 +174,7 @@ class SplitLayout:
             if self._rp is not None:
                 part.prepare(right_padding=[self._rp[b] for b in rows])
             if isinstance(part, QuantLayout):
-                part.decode_like = self.decode_like
+                part.decode_like, part.prefill_like = self.decode_like, self.prefill_like
             mask = book.mask(L)  # before the write, as the model builds its mask
             k, v = part.update_and_fetch(*((keys, values) if idx is None
                                            else (keys[idx], values[idx])))
