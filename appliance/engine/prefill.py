@@ -17,8 +17,7 @@ import mlx.core as mx
 
 from appliance.engine.kv import Scheme
 from appliance.engine.kv.native import FullLayout
-from appliance.engine.kv.passes import causal, fusable, whole_buffers
-from appliance.engine.kv.quantized import prefilling
+from appliance.engine.kv.passes import causal, fusable, prefilling, whole_buffers
 from appliance.engine.rows import ROW_LISTS, _Batch, _Decoding
 from appliance.engine.speculate import WHOLE_BUFFER, Tapped
 from appliance.engine.speculate.shapes import pass_width

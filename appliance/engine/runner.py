@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import mlx.core as mx
 
 from appliance.engine.kv import Scheme
-from appliance.engine.kv.quantized import prefilling
+from appliance.engine.kv.passes import prefilling
 from appliance.engine.sampling import make_processors, make_sampler
 from appliance.engine.types import SamplingParams
 

@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from appliance.engine.compiled import compilable
 from appliance.engine.kv.native import FullLayout, RecurrentLayout, drop_tails
-from appliance.engine.kv.passes import whole_buffers
+from appliance.engine.kv.passes import flagged, whole_buffers
 from appliance.engine.sampling import SeededSampler, distribution, reads_history, row_key
 from appliance.engine.speculate import WHOLE_BUFFER, accept_deterministic, accept_sampled
 
@@ -96,18 +96,12 @@ class Verifying:
             x = mx.concatenate([first[:, None].astype(x.dtype), x[:, 1:]], axis=1)
         if compiled is not None and not finalize and compilable(model, self.layers):
             return compiled.forward(x, self.layers)  # (its padding stays for the rollback)
-        decode_like = [c for c in self.layers if hasattr(c, "decode_like")]
-        for c in decode_like:
-            c.decode_like = True
         if max(pad):
             for c in self.layers:
                 c.prepare(lengths=lengths, right_padding=pad)
-        try:
-            with whole_buffers(self.layers, width, WHOLE_BUFFER, dense=True):
-                logits = model(x, cache=self.layers)
-        finally:
-            for c in decode_like:
-                c.decode_like = False
+        with flagged(self.layers, "decode_like"), \
+                whole_buffers(self.layers, width, WHOLE_BUFFER, dense=True):
+            logits = model(x, cache=self.layers)
         if max(pad) and finalize:
             for c in self.layers:
                 c.finalize()

@@ -1,7 +1,8 @@
 """How a pass's attention is shaped on CUDA, where MLX's backend builds graphs per shape and
 fuses attention only for some masks: whole buffers and dense attention for passes of a few
 tokens a row (`whole_buffers`), and the "causal" mask for a lone row's prefill (`fusable`,
-`causal`). On other backends the callers leave these off."""
+`causal`). On other backends the callers leave these off. And, on every backend, what kind of
+pass encoded layers attend for (`flagged`: a prefill chunk, a verify pass)."""
 
 from __future__ import annotations
 
@@ -72,17 +73,29 @@ def fusable(layers: list, rows: int) -> bool:
             and not layers[0].left_padding.tolist()[0])  # (no new lazy op to wait for)
 
 
-class causal:
-    """`with causal(layers, on)`: the layouts of a `fusable` pass hand attention the
-    "causal" mask, which MLX fuses."""
+class flagged:
+    """`with flagged(layers, name, on)`: for one pass, attribute `name` is True on each
+    layout that has it (a no-op unless `on`)."""
 
-    def __init__(self, layers: list, on: bool):
-        self.layers = layers if on else []
+    def __init__(self, layers: list, name: str, on: bool = True):
+        self.layers = [c for c in layers if hasattr(c, name)] if on else []
+        self.name = name
 
     def __enter__(self):
         for c in self.layers:
-            c.causal = True
+            setattr(c, self.name, True)
 
     def __exit__(self, *exc):
         for c in self.layers:
-            c.causal = False
+            setattr(c, self.name, False)
+
+
+def causal(layers: list, on: bool) -> flagged:
+    """The layouts of a `fusable` pass hand attention the "causal" mask, which MLX fuses."""
+    return flagged(layers, "causal", on)
+
+
+def prefilling(layers: list) -> flagged:
+    """A prefill pass: encoded layers (a split layer's encoded part too) attend over float
+    KV whatever the chunk's length (quantized._Stored)."""
+    return flagged(layers, "prefill_like")

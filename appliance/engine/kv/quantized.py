@@ -158,7 +158,7 @@ class _Stored:
     # A multi-token pass that stands for that many decode steps (a speculative verify)
     # attends as decode does, over the codes of every token, its own included, so its
     # tokens equal those steps'; a prefill chunk attends over its fresh float KV, a
-    # one-token chunk too (`prefill_like`, set by `prefilling`): by length alone, a
+    # one-token chunk too (`prefill_like`, set by passes.prefilling): by length alone, a
     # batched row's one-token chunk attended codes where a lone row's, still native before
     # it encodes, attended float, and a two-token prompt's tokens changed with the load.
     decode_like = prefill_like = False
@@ -180,22 +180,6 @@ class _Stored:
                                axis=2),
                 mx.concatenate([self.codec.decode(_slice(values, 0, end - n), "v", dt),
                                 fresh_v], axis=2))
-
-
-class prefilling:
-    """`with prefilling(layers)`: a prefill pass; encoded layers (a split layer's encoded
-    part too) attend over float KV whatever the chunk's length (`_Stored.prefill_like`)."""
-
-    def __init__(self, layers: list):
-        self.layers = [c for c in layers if hasattr(c, "prefill_like")]
-
-    def __enter__(self):
-        for c in self.layers:
-            c.prefill_like = True
-
-    def __exit__(self, *exc):
-        for c in self.layers:
-            c.prefill_like = False
 
 
 class QuantRowCache(_Stored, QuantizedKVCache):
