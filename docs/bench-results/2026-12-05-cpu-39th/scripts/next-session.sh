@@ -3,6 +3,9 @@
 # 39th: part 15 also runs kvstart.py (this folder: the test's runs for its prompt set and two
 # without a near-tie, where each row parts and the plain run's smallest top-2 gap on CUDA);
 # part 4's probetrace.py (this folder) prints every compiled-pass trace in each run.
+# Ran on an H100 in the 39th (part 15: the tie confirmed, the test moved to window (473,
+# 513); part 4 in short: a later probe's first step 700 ms, no retrace). Next: the H200's
+# agents runs (RUNS="1b:1 1b:2", then "8b:4"), part 15 once more (the moved test), 3, 4.
 # Part 15 first: the 37th's kv.start draft test failed on the H200 at (start 40, k 1); on CPU
 # row a's plain run has a top-2 gap of 1.3e-4 at its token 24 there (CUDA's kernels are not
 # batch-invariant: a plain step's fused TurboQuant kernel and a verify pass's matmuls may part
