@@ -178,6 +178,35 @@ def test_named_function_and_parallel_calls(client, plan):
     _check_calls(r.choices[0].message.tool_calls)
 
 
+def test_a_forced_call_cut_before_its_start_markup_ends_leaves_no_text(server, client, plan):
+    """A forced call (required, a named function, Anthropic's `any`) is markup from its
+    first token: cut by max_tokens inside "<tool_call>", nothing of it comes back as text
+    ('<', '<tool', '<tool_call' did, on every endpoint); the finish reason says the cut."""
+    import anthropic
+
+    named = {"type": "function", "function": {"name": "add"}}
+    for mt in (1, 2, 3):
+        for choice in ("required", named):
+            kw = dict(model=plan.model.id, messages=MSGS, tools=TOOLS, tool_choice=choice,
+                      max_tokens=mt, temperature=0)
+            r = client.chat.completions.create(**kw)
+            assert r.choices[0].finish_reason == "length"
+            assert not r.choices[0].message.content and not r.choices[0].message.tool_calls
+            chunks = list(client.chat.completions.create(**kw, stream=True))
+            assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        resp = client.responses.create(model=plan.model.id, input=MSGS[0]["content"],
+                                       tools=[{"type": "function", "name": "add",
+                                               "parameters": ADD}],
+                                       tool_choice="required", max_output_tokens=mt)
+        assert resp.status == "incomplete" and not resp.output_text
+        claude = anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)
+        m = claude.messages.create(model=plan.model.id, max_tokens=mt, messages=MSGS,
+                                   tools=[{"name": "add", "input_schema": ADD}],
+                                   tool_choice={"type": "any"})
+        assert m.stop_reason == "max_tokens" and not [b for b in m.content if b.type == "text"]
+
+
 def test_a_tools_own_references_resolve_when_a_call_is_forced(client, plan):
     """Parameters that name their parts in `$defs` or `definitions` (what pydantic, and the
     openai client's `pydantic_function_tool`, write for a nested model; MCP servers too)

@@ -61,7 +61,8 @@ def output_spec(tokenizer, n_vocab: int, tools, tool_choice, parallel: bool | No
         mode, offered = tl.chosen(tools, tool_choice)
         if mode != "none":
             fmt = replace(tl.tool_format(tokenizer, tools_param), tools=tools,
-                          max_calls=1 if parallel is False else None)
+                          max_calls=1 if parallel is False else None,
+                          forced=mode == "required")
     elif tool_choice not in (None, "none", "auto"):
         raise invalid("tool_choice", "needs tools")
     rules, start = [], []

@@ -27,6 +27,7 @@ class ToolFormat:
     parser: object  # mlx-lm's parse_tool_call(text, tools) -> dict | list[dict]
     tools: list = field(default_factory=list)
     max_calls: int | None = None  # 1 with parallel_tool_calls=false
+    forced: bool = False  # tool_choice required or named: the text is calls only (a grammar)
 
 
 def check_tools(tools, param: str = "tools") -> list[dict]:

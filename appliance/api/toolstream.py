@@ -113,16 +113,16 @@ class ToolCallSplitter:
         if it parses (the end markup is optional before end-of-sequence), or if it started
         streaming (then incomplete unless it parses); one cut off before its name was known
         is dropped, as mlx-lm's server drops it: the finish reason says so. So is the start
-        markup of a call after another, cut off."""
+        markup of a call after another, cut off, and of a forced call (then it is markup)."""
         out: list = []
         if self.in_call and not self.done:
             body = self.buf[:len(self.buf) - partial(self.buf, self.fmt.end)]
             if not self._close(out, body, None):  # (max_tokens: the finish reason says so)
                 log.debug("dropped a tool call cut off mid-way: %r", self.buf[:200])
-        elif not self.done and not self.calls:
+        elif not self.done and not self.calls and not self.fmt.forced:
             self._content(out, self.buf)  # held as a possible start; with no call, prose
-        elif self.buf and not self.done:  # after a call: another's start, cut off; dropped
-            log.debug("dropped a tool call's start cut off: %r", self.buf)
+        elif self.buf and not self.done:  # a forced call's start, or another's after a
+            log.debug("dropped a tool call's start cut off: %r", self.buf)  # call: dropped
         self.buf, self.in_call = "", False
         return out
 
