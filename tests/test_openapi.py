@@ -66,6 +66,22 @@ def test_streaming_and_ranges_are_documented(spec, small_server):
     assert number["top_k"]["maximum"] == plan.model.vocab_size - 1
     assert number["seed"]["maximum"] == 2**64 - 1
     assert props["messages"]["minItems"] == 1
+    # every endpoint's body states its ranges and the one model it serves (schemathesis
+    # found a Responses temperature of 4.5e16, or no messages to Anthropic, allowed here)
+    bodies = spec["components"]["schemas"]
+    for name, t_max in (("ResponsesRequest", 2), ("MessagesRequest", 1)):
+        props = bodies[name]["properties"]
+        assert props["temperature"]["anyOf"][0]["maximum"] == t_max
+        assert props["top_p"]["anyOf"][0]["exclusiveMinimum"] == 0
+    claude = bodies["MessagesRequest"]["properties"]
+    assert claude["top_k"]["anyOf"][0]["maximum"] == plan.model.vocab_size - 1
+    assert claude["max_tokens"]["minimum"] == 1
+    for name in ("MessagesRequest", "CountTokensRequest"):
+        messages = bodies[name]["properties"]["messages"]
+        assert messages["minItems"] == 1 and messages["items"]["required"] == ["role", "content"]
+    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponsesRequest",
+                 "MessagesRequest", "CountTokensRequest"):
+        assert bodies[name]["properties"]["model"]["enum"] == [plan.model.id]
 
 
 def _client_fields() -> dict[str, set[str]]:

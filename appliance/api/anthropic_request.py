@@ -12,21 +12,26 @@ from msgspec import Meta
 
 from appliance.api.errors import APIError, invalid, only_known
 from appliance.api.output import response_schema
-from appliance.api.requests import Conversation, Prepared, _range, _stops, prepare_conversation
+from appliance.api.requests import Conversation, Prepared, _stops, prepare_conversation
 from appliance.api.schemas import Refused, no_effect
 from appliance.engine import SamplingParams
+
+# (each message's blocks are checked in `_messages`, naming the field)
+Messages = Annotated[list[Annotated[dict[str, Any], Meta(extra_json_schema={
+    "required": ["role", "content"], "properties": {"role": {"enum": ["user", "assistant"]}}})]],
+    Meta(min_length=1)]
 
 
 class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
-    max_tokens: int
-    messages: list[dict[str, Any]]
+    max_tokens: Annotated[int, Meta(ge=1)]
+    messages: Messages
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: Annotated[float, Meta(ge=0, le=1)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None  # (below the vocabulary: checked below)
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     output_config: Annotated[dict[str, Any], Meta(
@@ -170,8 +175,6 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer, count_only: bool = 
     for name, why in REFUSED.items():
         if getattr(body, name) is not None:
             raise invalid(name, why)
-    if not body.messages:
-        raise invalid("messages", "must contain at least one message")
     if body.service_tier not in (None, "auto", "standard_only"):
         raise invalid("service_tier", f"{body.service_tier!r}: this server has one tier "
                                       "('auto' or 'standard_only')")
@@ -188,8 +191,6 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer, count_only: bool = 
         only_known(fmt, ("type", "schema"), "output_config.format")
         schema = response_schema({"type": "json_schema", "json_schema": {"schema":
                                   fmt.get("schema")}}, "output_config.format")
-    _range("temperature", body.temperature, 0, 1)
-    _range("top_p", body.top_p, 0, 1, lo_open=True)
     vocab = plan.model.vocab_size
     if body.top_k is not None and not 0 <= body.top_k < vocab:
         raise invalid("top_k", f"{body.top_k} is out of range [0, {vocab})")
@@ -212,7 +213,7 @@ class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     """The fields of /v1/messages that shape the prompt (and those that change nothing)."""
 
     model: str
-    messages: list[dict[str, Any]]
+    messages: Messages
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None

@@ -91,10 +91,12 @@ def document(app: Litestar, plan: ExecutionPlan) -> None:
     """Rewrite `app`'s OpenAPI schema in place (before it is first served)."""
     openapi = app.openapi_schema
     _, bodies = msgspec.json.schema_components(_bodies(), ref_template=REF)
-    for name in ("ChatCompletionRequest", "CompletionRequest"):
-        top_k = bodies[name]["properties"]["top_k"]["anyOf"][0]
-        top_k["maximum"] = plan.model.vocab_size - 1
-        bodies[name]["properties"]["model"]["enum"] = [plan.model.id]  # else 404
+    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponsesRequest",
+                 "MessagesRequest", "CountTokensRequest"):
+        props = bodies[name]["properties"]
+        if "top_k" in props:
+            props["top_k"]["anyOf"][0]["maximum"] = plan.model.vocab_size - 1
+        props["model"]["enum"] = [plan.model.id]  # else 404
     components = openapi.components.schemas
     components.update(bodies)
     for path, item in (openapi.paths or {}).items():

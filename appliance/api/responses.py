@@ -23,7 +23,6 @@ from appliance.api.output import response_schema
 from appliance.api.requests import (
     Conversation,
     Prepared,
-    _range,
     prepare_conversation,
 )
 from appliance.api.schemas import Refused, no_effect
@@ -36,9 +35,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -202,8 +201,6 @@ def prepare_response(body: ResponsesRequest, plan, tokenizer) -> Prepared:
                                       "('auto' or 'default')")
     if not body.input:
         raise invalid("input", "must not be empty")
-    _range("temperature", body.temperature, 0, 2)
-    _range("top_p", body.top_p, 0, 1, lo_open=True)
     sampling = SamplingParams(
         temperature=plan.server.default_temperature if body.temperature is None
         else body.temperature,
