@@ -26,8 +26,9 @@ MODELS = ("tiny", "tiny-qwen3-next")  # the `loaded` fixture runs over these
 
 def _process(model, tok, root, fingerprint=FP, ram=True, ceiling=None, scheme=None):
     """What a fresh appliance process has: an empty RAM tier, the SSD tier on `root`."""
-    prefix = PrefixCache(ram=RamTier(1 << 30) if ram else None,
-                         ssd=SsdTier(root, 1 << 30, fingerprint))
+    start = scheme.start if scheme is not None else 0  # (as build.py passes kv.start)
+    prefix = PrefixCache(ram=RamTier(1 << 30, encoded_from=start) if ram else None,
+                         ssd=SsdTier(root, 1 << 30, fingerprint, encoded_from=start))
     return ContinuousScheduler(model, set(tok.eos_token_ids), 4, 32,
                                Budget(1 << 40, KVShape(1, 0, 0, 0)), prefix=prefix,
                                ceiling=ceiling, scheme=scheme)
@@ -370,6 +371,51 @@ def test_encoded_prefixes_survive_a_restart_and_equal_a_cold_run(loaded, tmp_pat
     got = _run(b, second)
     assert got.finished.cached_tokens == 40 and b.prefix.ssd.dropped == 0
     assert got.tokens == _cold(model, tok, second, tmp_path, scheme)
+    b.close()
+
+
+@pytest.mark.parametrize("start", [16, 66])
+def test_an_encoded_entry_s_first_slots_serve_a_prompt_from_kv_start_on(loaded, tmp_path,
+                                                                       start):
+    """Under TurboQuant an entry past kv.start holds codes, one per token: its first slots
+    are a prefix's codes, so a prompt that shares more of it than any whole entry gives
+    takes them: from RAM, the next turn to where its reply parts from the tokens generated
+    (64), and from SSD after a restart, a re-sent prompt (59; RAM had its prompt end whole):
+    the same tokens as that whole entry's. They were taken only where every layer was float
+    KV: past kv.start the prompt prefilled again from its last whole entry. Below kv.start
+    (64 or 59 tokens at kv.start 66) a row's KV is float, so an encoded entry is not cut
+    there; recurrent state (the hybrid model) never is."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    from appliance.engine.kv import Scheme
+    from appliance.engine.kv.quantized import QuantRowCache
+    from appliance.engine.kv.turboquant import TurboCodec
+
+    name, model, tok = loaded
+    layers = make_prompt_cache(model)
+    full = tuple(i for i, c in enumerate(layers) if type(c) is KVCache)
+    model(mx.array([[1]]), cache=layers)
+    scheme = Scheme(TurboCodec(layers[full[0]].keys.shape[-1], 4, 4), full, start=start)
+    ids = oracle.batch_prompts(tok)
+    req = GenerationRequest(ids["b"][:40] + ids["a"][:20], 10, checkpoints=(40,))
+    a = _process(model, tok, tmp_path, scheme=scheme)
+    reply = _run(a, req).tokens  # stores 40, the prompt end (59, RAM), the turn (69)
+    turn = next(e.cache for k, e in a.prefix.ram._lru.items() if len(k) > 60)
+    assert any(isinstance(c, QuantRowCache) for c in turn)  # encoded (69 >= kv.start)
+    again = _run(a, req)  # re-sent: the prompt end, whole
+    nxt = GenerationRequest(req.prompt + reply[:4] + [(reply[4] + 1) % 200 + 3] + ids["c"][:8],
+                            8, checkpoints=(40, 60))
+    kv = name == "tiny"  # (the hybrid model's recurrent state is never cut)
+    assert _run(a, nxt).finished.cached_tokens == (64 if kv and start <= 64 else 59)
+    a.close()
+    b = _process(model, tok, tmp_path, scheme=scheme)
+    restarted = _run(b, req)  # re-sent after a restart: the turn's first 59, from SSD
+    assert again.finished.cached_tokens == 59
+    assert restarted.finished.cached_tokens == (59 if kv and start <= 59 else 40)
+    assert b.prefix.ssd.hits == 1 and b.prefix.ssd.dropped == 0
+    if restarted.finished.cached_tokens == 59:
+        assert restarted.tokens == again.tokens
     b.close()
 
 

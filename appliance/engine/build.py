@@ -28,9 +28,10 @@ def _prefix(plan: ExecutionPlan):
     c = plan.cache
     if c.kind == "none":
         return None
+    start = plan.kv.start  # (encoded entries are cut only from here: `cut_from`)
     return PrefixCache(
-        ram=RamTier(c.ram_bytes) if c.kind in ("ram", "tiered") else None,
-        ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint)
+        ram=RamTier(c.ram_bytes, encoded_from=start) if c.kind in ("ram", "tiered") else None,
+        ssd=SsdTier(c.ssd_path, c.ssd_bytes, plan.fingerprint, encoded_from=start)
         if c.kind in ("ssd", "tiered") else None)
 
 

@@ -5,7 +5,8 @@ taken *exactly* at a token boundary (a checkpoint), so they are never
 trimmed: that is what makes sliding-window and recurrent layers reusable.
 A hit hands out a private copy (the batch mutates what it is given) and
 refreshes the entry's recency. Only the engine thread touches it. Past a whole entry's
-hit, a KVCache entry the prompt shares more tokens with gives a copy of its first slots.
+hit, an entry of KV layers (or encoded rows, past kv.start: `cut_from`) the prompt shares
+more tokens with gives a copy of its first slots.
 
 An entry that extends a stored one holds only its new tokens' KV, over that one (its
 parent), when every layer is a KVCache (whose slots are the tokens) and the parent's KV is
@@ -76,15 +77,23 @@ _SERIALS = itertools.count(1)
 
 
 def joined(parts: list[list], release: bool = False) -> list:
-    """One cache from a chain's parts (each a list of KVCache layers), the root first: each
-    layer's filled slots in order. `release`: evaluate layer by layer and let each layer's
-    parts go once joined, so the copy held beside the parts is one layer's, not the whole
-    prefix's (the SSD tier's blobs, read for this one join)."""
+    """One cache from a chain's parts (each a list of KVCache layers; an encoded row's
+    entry is one part), the root first: each layer's filled slots in order. `release`:
+    evaluate layer by layer and let each layer's parts go once joined, so the copy held
+    beside the parts is one layer's, not the whole prefix's (the SSD tier's blobs, read for
+    this one join)."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
     out = []
     for layers in zip(*parts, strict=True):
+        if type(layers[0]) is not KVCache:  # an encoded row: stored whole, a chain of one
+            (c,) = layers
+            out.append(c.cut(c.offset))
+            if release:
+                mx.eval(out[-1].keys, out[-1].values)
+                c.keys = c.values = None
+            continue
         keys = mx.concatenate([c.keys[..., :c.offset, :] for c in layers], axis=2)
         values = mx.concatenate([c.values[..., :c.offset, :] for c in layers], axis=2)
         if release:
@@ -101,11 +110,29 @@ def kv_only(cache: list) -> bool:
     return all(type(c) is KVCache and c.keys is not None for c in cache)
 
 
+def cut_from(cache: list, start: int) -> int | None:
+    """The fewest tokens an entry's first slots may serve as a prefix (a hit on a longer
+    entry), or None (never: a window's slots wrap, recurrent state is the whole past).
+    KV layers: any. Encoded rows (one code per token): from `start` (kv.start) on, as a
+    row holding that many tokens is encoded too; below it a row's KV is float."""
+    from mlx_lm.models.cache import KVCache
+
+    from appliance.engine.kv.quantized import QuantRowCache
+
+    if kv_only(cache):
+        return 0
+    if all((type(c) is KVCache or type(c) is QuantRowCache) and c.keys is not None
+           for c in cache):
+        return start
+    return None
+
+
 @dataclass
 class RamTier:
     """Prefix entries within `cap_bytes` (and within a moving `limit` the engine sets)."""
 
     cap_bytes: int
+    encoded_from: int = 0  # kv.start: where an encoded entry's first slots may be cut
     stats: TierStats = field(default_factory=TierStats)
     _trie: TokenTrie = field(default_factory=TokenTrie)
     _lru: OrderedDict = field(default_factory=OrderedDict)  # tokens -> _Entry, oldest first
@@ -127,7 +154,8 @@ class RamTier:
         best = self._trie.longest(tokens[:-1])
         shared, key = self._trie.shared(tokens[:-1]) if best else (0, None)
         self.hit_chain = frozenset()
-        if shared > best and all(kv_only(e.cache) for e in self._chain(key)):
+        if shared > best and all((f := cut_from(e.cache, self.encoded_from)) is not None
+                                 and shared >= f for e in self._chain(key)):
             # (only past a whole entry's hit: alone, a few shared template tokens would
             # make every new conversation a hit on some other one's entry)
             self._refresh(key)
@@ -147,20 +175,25 @@ class RamTier:
         return best, self.cache_at(key)
 
     def _cut(self, key: tuple[int, ...], n: int) -> list:
-        """A private copy of the first `n` slots of `key`'s stored cache (KV layers)."""
-        import mlx.core as mx
+        """A private copy of the first `n` slots of `key`'s stored cache (`cut_from`)."""
         from mlx_lm.models.cache import KVCache
+
+        def first(c, k):  # (a view; `joined` copies it)
+            if type(c) is KVCache:
+                return KVCache.from_state((c.keys[..., :k, :], c.values[..., :k, :], k))
+            view = copy.copy(c)
+            view.offset = k
+            return view
 
         parts, start = [], 0
         for e in self._chain(key):
             k = min(len(e.tokens), n) - start
             if k <= 0:
                 break
-            parts.append([KVCache.from_state((c.keys[..., :k, :], c.values[..., :k, :], k))
-                          for c in e.cache])
+            parts.append([first(c, k) for c in e.cache])
             start = len(e.tokens)
         out = joined(parts)
-        mx.async_eval([(c.keys, c.values) for c in out])  # (see materialize)
+        materialize(out)
         return out
 
     def cache_at(self, key: tuple[int, ...]) -> list:

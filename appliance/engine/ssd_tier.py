@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from appliance.engine import threads
-from appliance.engine.prefix_cache import joined, kv_only
+from appliance.engine.prefix_cache import cut_from, joined, kv_only
 from appliance.engine.ssd_blob import (
     _POOL,
     _frozen,
@@ -74,8 +74,11 @@ def _key(tokens) -> str:
 
 
 class SsdTier:
-    def __init__(self, root: str | Path, cap_bytes: int, fingerprint: str):
+    def __init__(self, root: str | Path, cap_bytes: int, fingerprint: str,
+                 encoded_from: int = 0):
+        """`encoded_from`: kv.start, where an encoded entry's first slots may be cut."""
         self.cap_bytes, self.fingerprint = cap_bytes, fingerprint
+        self.encoded_from = encoded_from
         self.dir = Path(root).expanduser() / fingerprint
         self.disabled: str | None = None
         self.hits = self.misses = self.hit_tokens = self.evictions = self.writes = 0
@@ -149,19 +152,20 @@ class SsdTier:
     def shared(self, tokens: list[int], floor: int) -> tuple[int, list[int] | None]:
         """More than `floor` leading tokens of tokens[:-1] that a stored entry shares and
         goes on past, as RAM's lookup takes them (a re-sent prompt after a restart finds
-        only its whole turn here): (n, that entry's tokens), or (0, None). Only over KV
-        layers (their first slots are the prefix), and only where the blob holding the
-        n-th token is used at least half: a few shared template tokens do not read another
-        conversation's blob."""
+        only its whole turn here): (n, that entry's tokens), or (0, None). Only where its
+        first slots are that prefix (`cut_from`: KV layers; encoded rows past kv.start),
+        and only where the blob holding the n-th token is used at least half: a few shared
+        template tokens do not read another conversation's blob."""
         with self._lock:
             n, entry = self._trie.shared(tokens[:-1])
         if n <= floor or entry is None:
             return 0, None
         for _, meta in self._chain(_key(entry)):  # the entry first
             start, end = meta.get("start", 0), len(meta["tokens"])
-            if start < n:
-                kv = meta.get("kv") or "parent" in meta  # (a delta holds KV layers only)
-                return (n, list(entry)) if kv and 2 * (n - start) >= end - start else (0, None)
+            if start < n:  # (a delta holds KV layers only; "kv": a blob written before "cut")
+                cut = meta.get("cut", 0 if meta.get("kv") or "parent" in meta else None)
+                return (n, list(entry)) if cut is not None and n >= cut \
+                    and 2 * (n - start) >= end - start else (0, None)
         return 0, None
 
     def load(self, tokens: list[int], n: int, entry: list[int] | None = None) -> list | None:
@@ -270,7 +274,7 @@ class SsdTier:
             self._pending_bytes += nbytes
         self._queued[key] = (list(tokens), depth, len(cache))
         self._queue.put(("put", key, list(tokens), frozen, time.monotonic(), nbytes, parent,
-                         len(cache), kv_only(cache)))
+                         len(cache), cut_from(cache, self.encoded_from)))
 
     def _base(self, tokens: list[int], cache: list) -> tuple[str | None, int, int]:
         """The entry this one extends, its length, and this one's depth in the chain: the
@@ -326,7 +330,7 @@ class SsdTier:
                                             self._queue.qsize(), self._closing):
                             time.sleep(QUIET_S / 2)
                         t = time.monotonic()
-                        self._write(*item[1:4], parent=item[6], layers=item[7], kv=item[8])
+                        self._write(*item[1:4], parent=item[6], layers=item[7], cut=item[8])
                         log.debug("SSD prefix cache: wrote %d tokens (%d bytes) in %.3f s, "
                                   "%.3f s after it was queued", len(item[2]), item[5],
                                   time.monotonic() - t, t - item[4])
@@ -349,7 +353,7 @@ class SsdTier:
                 self._clear_wanted = True
 
     def _write(self, key: str, tokens: list[int], blob, parent: str | None = None,
-               layers: int | None = None, kv: bool = False) -> None:
+               layers: int | None = None, cut: int | None = None) -> None:
         name = f"{key}.safetensors"
         final, tmp = self.dir / "blobs" / name, self.dir / "blobs" / f".tmp-{name}"
         base = self._chain(parent) if parent else []
@@ -379,7 +383,7 @@ class SsdTier:
             self.evictions += self._remove(min(others, key=lambda k: self._meta[k]["used"]))
         os.replace(tmp, final)
         meta = {"tokens": tokens, "file": name, "nbytes": size, "crcs": crcs,
-                "used": time.time(), "layers": layers, "kv": kv}
+                "used": time.time(), "layers": layers, "cut": cut}
         if parent:
             meta.update(parent=parent, start=len(base[0][1]["tokens"]),
                         depth=base[0][1].get("depth", 0) + 1)

@@ -221,6 +221,15 @@ class QuantRowCache(_Stored, QuantizedKVCache):
     def trim(self, n):
         raise NotImplementedError("roll a row back through its layout")
 
+    def cut(self, n: int) -> QuantRowCache:
+        """Its first n slots, in buffers of their own (a prefix-cache hit on a longer
+        entry: a token's codes are its own, so they are the prefix's)."""
+        q = QuantRowCache(self.codec, self.reference)
+        q.offset = n
+        q.keys, q.values = (tuple(mx.contiguous(x) for x in _slice(t, 0, n))
+                            for t in (self.keys, self.values))
+        return q
+
     @property
     def nbytes(self) -> int:
         return 0 if self.keys is None else sum(x.nbytes for x in (*self.keys, *self.values))
