@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.bench.agents import agents_text
+from appliance.bench.agents import agents_line, agents_text, unequal
 from appliance.bench.stats import RequestResult, summarize_agents
 from appliance.config.schema import BenchConfig
 
@@ -81,6 +81,26 @@ def test_summarize_agents_on_fixed_requests():
     assert s["error_samples"] == ["HTTP 503: busy"]
 
 
+def test_no_ratio_where_a_side_failed_requests():
+    """A contender that failed requests did less work: its ratio would read as a figure
+    (mlx_lm.server died at a last turn on the H100 and answered the rest at once)."""
+    def req(agent, turn, error=None):
+        return RequestResult(agent, turn, 0.0, 1.0, 2.0, 2.0, 5, 100, 0, True, error)
+
+    ok = summarize_agents([req(0, 0), req(0, 1)], admitted_rows=2)
+    bad = summarize_agents([req(0, 0), RequestResult(0, 1, 0.0, error="HTTP 404: died")],
+                           admitted_rows=2, abandoned=3)
+    assert unequal([("self", ok), ("mlx_lm", ok)]) is None
+    why = unequal([("self", ok), ("mlx_lm", bad)])
+    assert why == "mlx_lm failed 1 of 2 requests (3 later turns not sent)"
+    doc = {"target": {"kind": "self"}, "anchor": {"target": {"kind": "mlx_lm"}},
+           "summary": ok, "ratios": None, "void": why,
+           "label": {"batch": {"mode": "continuous", "max_rows": 2, "prefill_chunk": 64},
+                     "cache": "ram", "model": {"dtype": "float32"}}}
+    line = agents_line(doc, Path("bench.json"))
+    assert f"| vs mlx_lm: void ({why}) |" in line and "agg x" not in line
+
+
 def test_agents_against_self_and_mlx_lm(tmp_path):
     """Both contenders in one run, on the same conversations; later turns carry the reply
     and a tool output, so they are longer and mostly served from the prefix cache. The
@@ -110,7 +130,7 @@ def test_agents_against_self_and_mlx_lm(tmp_path):
         assert 0 < s["cache_hit_ratio"] < 1  # both servers reuse the shared prefix
     later = [r for r in doc["requests"] if r["turn"] == 1]
     assert all(r["cached_tokens"] >= 64 for r in later)  # at least the system prompt
-    assert set(doc["ratios"]) >= {"aggregate_tok_s", "ttft_ms_p95"}
+    assert doc["void"] is None and set(doc["ratios"]) >= {"aggregate_tok_s", "ttft_ms_p95"}
     assert all(v > 0 for v in doc["ratios"].values())
     mem = doc["engine"]["memory"]  # MLX's own account, from the server's /stats
     assert mem["peak_bytes"] >= mem["active_bytes"] > 0 and mem["allocation_failures"] == 0

@@ -6,7 +6,8 @@ stdlib source, as a file read or a test run returns) and sends the whole convers
 again. So later turns are mostly a prefix the server has seen: the case a prefix cache is
 for. Tool outputs go as user messages, so no chat template needs a tool role. The target
 and the anchor (mlx_lm.server by default) run the same conversations one after the other in
-the same run; the ratios are target / anchor.
+the same run; the ratios are target / anchor, and there are none where either side failed a
+request (`unequal`).
 """
 
 from __future__ import annotations
@@ -182,6 +183,16 @@ def ratios(mine: dict, anchor: dict) -> dict:
             for k in RATIO_KEYS}
 
 
+def unequal(parts: list[tuple[str, dict]]) -> str | None:
+    """Why the contenders' numbers do not compare, or None: a side that failed requests did
+    less work (on the H100 mlx_lm.server's generation thread died at an agent's last turn and
+    answered the rest at once: 1.75x over 16 failures of 80 read as a figure)."""
+    failed = [f"{name} failed {s['errors']} of {s['requests']} requests"
+              + (f" ({s['abandoned']} later turns not sent)" if s.get("abandoned") else "")
+              for name, s in parts if s["errors"] or s.get("abandoned")]
+    return "; ".join(failed) or None
+
+
 def context_problems(plan: ExecutionPlan, cfg) -> list[str]:
     """The workload's longest request (an agent's last turn, its replies max_tokens long:
     EOS is banned) must fit the plan's context, else its last turns fail with 400s and a
@@ -215,10 +226,12 @@ def run_bench(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir
     conv = conversations(tokenizer, cfg)
     bias = eos_bias(tokenizer)
     out = _contender(kind, plan, cfg, path, conv, bias, outdir, overrides)
-    out["anchor"], out["ratios"] = None, None
+    out["anchor"], out["ratios"], out["void"] = None, None, None
     if cfg.anchor != "none" and cfg.anchor != kind:
         out["anchor"] = _contender(cfg.anchor, plan, cfg, path, conv, bias, outdir, overrides)
-        out["ratios"] = ratios(out["summary"], out["anchor"]["summary"])
+        out["void"] = unequal([(kind, out["summary"]), (cfg.anchor, out["anchor"]["summary"])])
+        if not out["void"]:
+            out["ratios"] = ratios(out["summary"], out["anchor"]["summary"])
     return out
 
 
@@ -258,6 +271,8 @@ def agents_text(doc: dict) -> str:
     errors = [e for part in filter(None, [doc, doc.get("anchor")])
               for e in part["summary"]["error_samples"]]
     lines = [_heading(doc), f"# {settings}", _table(header, rows)]
+    if doc.get("void"):
+        lines.append(f"# no ratios: {doc['void']}; the contenders did unequal work")
     if m := (doc.get("engine") or {}).get("memory"):
         gib = {k: f"{m[k] / 2**30:.1f}" for k in ("active_bytes", "cache_bytes", "peak_bytes",
                                                    "limit_bytes") if m.get(k) is not None}
@@ -282,4 +297,6 @@ def agents_line(doc: dict, path: Path) -> str:
     if r := doc.get("ratios"):
         line += (f" | vs {doc['anchor']['target']['kind']}: agg x{_fmt(r['aggregate_tok_s'], 2)}"
                  f" ttft_p95 x{_fmt(r['ttft_ms_p95'], 2)}")
+    elif doc.get("void"):
+        line += f" | vs {doc['anchor']['target']['kind']}: void ({doc['void']})"
     return f"{line} | {path}"
