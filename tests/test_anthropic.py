@@ -102,6 +102,18 @@ def test_streaming_event_sequence(claude, plan):
     assert final.content[0].type == "text" and final.content[0].text
 
 
+def test_top_p_zero_keeps_the_most_likely_token(claude, plan):
+    """Anthropic accepts top_p=0 as OpenAI does: the most likely token alone (greedy)."""
+    def ask(**kw):
+        m = claude.messages.create(model=plan.model.id, max_tokens=24, messages=MSGS, **kw)
+        return "".join(b.text for b in m.content if b.type == "text")
+
+    greedy = ask(extra_body={"temperature": 0})
+    assert all(ask(extra_body={"temperature": 1.0, "top_p": 0}) == greedy for _ in range(3))
+    # (the check has teeth: sampling the whole distribution parts from greedy)
+    assert any(ask(extra_body={"temperature": 1.0}) != greedy for _ in range(3))
+
+
 def test_stop_sequences(claude, plan):
     full = claude.messages.create(model=plan.model.id, max_tokens=30, messages=MSGS,
                                   extra_body={"temperature": 0}).content[0].text
@@ -219,6 +231,19 @@ def test_every_known_unsupported_field_is_refused_by_name(claude, plan, field, p
         else:
             claude.messages.count_tokens(**kw)
     assert e.value.body["error"]["message"].startswith(f"{field}: ")
+
+
+def test_metadata_holds_user_id_alone(claude, plan):
+    """Anthropic's `metadata` is `user_id` (the agent label of the metrics); another key is
+    refused by name, as Anthropic's API does, not accepted and ignored."""
+    kw = dict(model=plan.model.id, max_tokens=2, messages=MSGS)
+    assert claude.messages.create(metadata={"user_id": "coder-7"}, **kw).usage.output_tokens
+    for bad, says in (({"user_id": "a", "session": "s1"}, "metadata.session: "),
+                      ({"user_id": 7}, "metadata.user_id"), ({"user_id": "x" * 257},
+                                                             "metadata.user_id")):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            claude.messages.create(**kw, extra_body={"metadata": bad})
+        assert e.value.body["error"]["message"].startswith(says), e.value.body
 
 
 def test_output_config_format_is_enforced(claude, plan):

@@ -190,7 +190,7 @@ def test_models_plan_health_openapi(client, server, plan):
     ({"max_tokens": "many"}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"temperature": 7}, "temperature"),
-    ({"top_p": 0}, "top_p"),
+    ({"top_p": -0.5}, "top_p"),
     ({"n": 2}, "n"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
@@ -286,6 +286,31 @@ def test_non_streaming_disconnect_cancels_too(server, plan, engine):
         time.sleep(0.05)
     assert _answered(server, "499") - gone == 2
     assert _answered(server, "500") == errors
+
+
+def test_top_p_zero_keeps_the_most_likely_token(client, plan):
+    """OpenAI accepts top_p=0: the smallest nucleus, the most likely token alone, so a
+    sampled request decodes as a greedy one (MLX's samplers read 0 as no top-p: sampling
+    from the whole distribution). Chat, completions and responses."""
+    messages = [{"role": "user", "content": "Write a function that reverses a list."}]
+
+    def chat(**kw):
+        return client.chat.completions.create(model=plan.model.id, messages=messages,
+                                              max_tokens=24, **kw).choices[0].message.content
+
+    def text(**kw):
+        return client.completions.create(model=plan.model.id, prompt="def reverse(xs):",
+                                         max_tokens=24, **kw).choices[0].text
+
+    def resp(seed=None, **kw):  # (the Responses API has no seed)
+        return client.responses.create(model=plan.model.id, input=messages[0]["content"],
+                                       max_output_tokens=24, **kw).output_text
+
+    for ask in (chat, text, resp):
+        greedy = ask(temperature=0)
+        assert all(ask(temperature=1.0, top_p=0, seed=s) == greedy for s in (1, 2, 3))
+        # (the check has teeth: sampling the whole distribution parts from greedy)
+        assert any(ask(temperature=1.0, top_p=1, seed=s) != greedy for s in (1, 2, 3))
 
 
 def test_http_equals_a_live_mlx_lm_run(client, plan):

@@ -62,7 +62,7 @@ def test_streaming_and_ranges_are_documented(spec, small_server):
     props = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     number = {k: props[k]["anyOf"][0] for k in ("temperature", "top_p", "top_k", "seed")}
     assert number["temperature"]["minimum"] == 0 and number["temperature"]["maximum"] == 2
-    assert number["top_p"]["exclusiveMinimum"] == 0 and number["top_p"]["maximum"] == 1
+    assert number["top_p"]["minimum"] == 0 and number["top_p"]["maximum"] == 1
     assert number["top_k"]["maximum"] == plan.model.vocab_size - 1
     assert number["seed"]["maximum"] == 2**64 - 1
     assert props["messages"]["minItems"] == 1
@@ -72,7 +72,7 @@ def test_streaming_and_ranges_are_documented(spec, small_server):
     for name, t_max in (("ResponsesRequest", 2), ("MessagesRequest", 1)):
         props = bodies[name]["properties"]
         assert props["temperature"]["anyOf"][0]["maximum"] == t_max
-        assert props["top_p"]["anyOf"][0]["exclusiveMinimum"] == 0
+        assert props["top_p"]["anyOf"][0]["minimum"] == 0
     claude = bodies["MessagesRequest"]["properties"]
     assert claude["top_k"]["anyOf"][0]["maximum"] == plan.model.vocab_size - 1
     assert claude["max_tokens"]["minimum"] == 1

@@ -25,6 +25,7 @@ from appliance.api.anthropic_request import (
     CountTokensRequest,
     MessagesRequest,
     prepare_messages,
+    user_id,
 )
 from appliance.api.errors import (
     APIError,
@@ -115,7 +116,7 @@ async def messages(request: Request, state: State,
     from appliance.api.routes import SSE_HEADERS, _complete, _unless_disconnected
 
     await typed(request, MessagesRequest)
-    metrics.tag_agent(request, (data.metadata or {}).get("user_id"))
+    metrics.tag_agent(request, user_id(data))
     prep = await asyncio.to_thread(prepare_messages, data, state.plan, state.tokenizer)
     user_stops = tuple(data.stop_sequences or ())
     mid = f"msg_{uuid.uuid4().hex[:24]}"

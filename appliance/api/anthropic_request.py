@@ -12,7 +12,13 @@ from msgspec import Meta
 
 from appliance.api.errors import APIError, invalid, only_known
 from appliance.api.output import response_schema
-from appliance.api.requests import Conversation, Prepared, _stops, prepare_conversation
+from appliance.api.requests import (
+    Conversation,
+    Prepared,
+    _stops,
+    nucleus,
+    prepare_conversation,
+)
 from appliance.api.schemas import Refused, no_effect
 from appliance.engine import SamplingParams
 
@@ -30,7 +36,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: Annotated[float, Meta(ge=0, le=1)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None  # (below the vocabulary: checked below)
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
@@ -38,8 +44,12 @@ class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         description="format: a JSON schema, enforced by constrained decoding")] | None = None
     cache_control: Annotated[dict[str, Any], no_effect("prefix caching is automatic")
                              ] | None = None
-    metadata: Annotated[dict[str, Any], Meta(description="user_id: the `agent` label of "
-                                                         "the metrics")] | None = None
+    # (checked in `user_id`: Litestar names a nested struct's field by deleting "data."
+    # from its path, so `metadata.user_id` read "metauser_id")
+    metadata: Annotated[dict[str, Any], Meta(description="user_id: the `agent` label of the "
+                                                         "metrics", extra_json_schema={
+        "properties": {"user_id": {"type": ["string", "null"], "maxLength": 256}},
+        "additionalProperties": False})] | None = None
     service_tier: Annotated[str, no_effect("one tier; 'auto' or 'standard_only'")
                             ] | None = None
     user_profile_id: Annotated[str, no_effect("attribution only")] | None = None
@@ -197,8 +207,7 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer, count_only: bool = 
     sampling = SamplingParams(
         temperature=plan.server.default_temperature if body.temperature is None
         else body.temperature,
-        top_p=plan.server.default_top_p if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0)
+        **nucleus(plan, body.top_p, body.top_k))
     tool_choice, parallel = _tool_choice(body.tool_choice)
     conv = Conversation(_messages(body), _tools(body.tools), tool_choice, parallel, schema,
                         max_tokens=("max_tokens", body.max_tokens),
@@ -207,6 +216,16 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer, count_only: bool = 
                         count_only=count_only)
     return prepare_conversation(conv, sampling, _stops(body.stop_sequences, "stop_sequences"), plan,
                                 tokenizer)
+
+
+def user_id(body: MessagesRequest) -> str | None:
+    """`metadata.user_id`, the one key Anthropic's `metadata` holds (its API refuses others)."""
+    meta = body.metadata or {}
+    only_known(meta, ("user_id",), "metadata")
+    user = meta.get("user_id")
+    if user is not None and (not isinstance(user, str) or len(user) > 256):
+        raise invalid("metadata.user_id", "must be a string of at most 256 characters")
+    return user
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

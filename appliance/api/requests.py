@@ -56,9 +56,17 @@ def _range(name: str, value, lo, hi, lo_open=False) -> None:
         raise invalid(name, f"{value} is out of range {bound}")
 
 
+def nucleus(plan: ExecutionPlan, top_p: float | None, top_k: int | None) -> dict:
+    """The sampler's top_p and top_k. A top_p of 0, which OpenAI and Anthropic accept, keeps
+    the smallest set of tokens whose probability reaches it: the most likely token alone,
+    so top_k=1 (MLX's samplers read a top_p of 0 as no top-p at all)."""
+    p = plan.server.default_top_p if top_p is None else top_p
+    return {"top_p": 1.0, "top_k": 1} if p == 0 else {"top_p": p, "top_k": top_k or 0}
+
+
 def _sampling(body: _Sampling, plan: ExecutionPlan, vocab: int) -> SamplingParams:
     _range("temperature", body.temperature, 0, 2)
-    _range("top_p", body.top_p, 0, 1, lo_open=True)
+    _range("top_p", body.top_p, 0, 1)
     _range("min_p", body.min_p, 0, 1)
     _range("presence_penalty", body.presence_penalty, -2, 2)
     _range("frequency_penalty", body.frequency_penalty, -2, 2)
@@ -81,8 +89,7 @@ def _sampling(body: _Sampling, plan: ExecutionPlan, vocab: int) -> SamplingParam
     return SamplingParams(
         temperature=plan.server.default_temperature if body.temperature is None
         else body.temperature,
-        top_p=plan.server.default_top_p if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0, min_p=body.min_p or 0.0, seed=body.seed,
+        **nucleus(plan, body.top_p, body.top_k), min_p=body.min_p or 0.0, seed=body.seed,
         repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, logit_bias=bias,
     )

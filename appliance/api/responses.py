@@ -23,6 +23,7 @@ from appliance.api.output import response_schema
 from appliance.api.requests import (
     Conversation,
     Prepared,
+    nucleus,
     prepare_conversation,
 )
 from appliance.api.schemas import Refused, no_effect
@@ -37,7 +38,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     instructions: str | None = None
     max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -204,7 +205,7 @@ def prepare_response(body: ResponsesRequest, plan, tokenizer) -> Prepared:
     sampling = SamplingParams(
         temperature=plan.server.default_temperature if body.temperature is None
         else body.temperature,
-        top_p=plan.server.default_top_p if body.top_p is None else body.top_p)
+        **nucleus(plan, body.top_p, None))
     conv = Conversation(_messages(body), _tools(body.tools), _tool_choice(body.tool_choice),
                         body.parallel_tool_calls, _schema(body.text),
                         max_tokens=("max_output_tokens", body.max_output_tokens),

@@ -36,7 +36,7 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     top_k: Annotated[int, Meta(ge=0, description="0: no top-k; below the vocabulary size")] \
         | None = None
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
