@@ -1244,6 +1244,36 @@ def test_a_hopeless_speculation_on_cuda_is_probed_at_the_longest_gap():
     assert probes(0.008) >= 3  # (not hopeless: 0.008 < 4 x 0.0025) probed as before
 
 
+def test_on_cuda_a_slow_spell_of_the_host_does_not_switch_to_a_losing_speculation():
+    """The H100 trace of the 41st session (model, free code, B=16, k=3): a plain step 2.3 ms,
+    a speculative one 10.4 ms for ~2.4 tokens a row, a probe's first step more (the draft's
+    catch-up). The host's speed moved in spells (plain steps 2.1-2.3 ms, then 3.8-4.8), and
+    a slow spell's plain steps, against speculation's older time, made speculation look the
+    faster: it switched, lost, and probed again, in 16 of 31 runs of bench=spec (0.93x
+    paired). Simulated over 31 x 285 steps, the host at half speed every other 150 steps:
+    one exploration, as with a steady host, and no cost beyond it."""
+
+    def run(spells: bool) -> tuple[int, float]:
+        c = Control(3, drift=False, full_width=True, idle_max=0)
+        switches, before, seconds, plain_only = 0, None, 0.0, 0.0
+        for n in range(31 * 285):
+            host = 2.0 if spells and (n // 150) % 2 else 1.0
+            spec = c.speculate(16)
+            secs = host * ((0.0104 + (0.06 if before is False else 0)) if spec else 0.0023)
+            if spec == before:
+                c.timed(16, spec, secs, int(16 * 2.4) if spec else 16)
+            c.spent(16, spec, secs)
+            switches += spec and before is False
+            seconds += secs / (2.4 if spec else 1)  # per token a row, as a plain step's
+            plain_only += host * 0.0023
+            before = spec
+        return switches, plain_only / seconds
+
+    assert run(False)[0] == 1  # the exploration
+    switches, ratio = run(True)
+    assert switches == 1 and ratio > 0.99, (switches, ratio)
+
+
 @pytest.mark.parametrize("cuda", [False, True])
 def test_a_probe_waits_for_a_step_that_can_be_timed(cuda):
     """A probe of steps that cannot be timed (rows still joining, a prefill beside them)

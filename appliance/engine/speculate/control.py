@@ -82,6 +82,7 @@ class _Mode:
     probe_at: int = 0  # the step at which the slower mode is probed again (0: not planned)
     gap: int = 0  # steps between probes: doubles while the winner holds
     winner: bool | None = None  # the mode before the current probe
+    ratio: float | None = None  # a speculative step's time over a plain one's, both fresh
 
 
 @dataclass
@@ -175,8 +176,20 @@ class Control:
         if min(len(self._times.get((b, s), ())) for s in (True, False)) < WARM:
             return None
         margin = MARGIN if self.drift else 1.0
-        gain = self._gain[b] if self._ends is None else self._ends
-        return gain * self._secs(b, False) >= self._secs(b, True) * margin
+        return self._yield(b) * self._secs(b, False) >= self._secs(b, True) * margin
+
+    def _yield(self, b: int) -> float:
+        """Tokens a speculative step yields a row at bucket `b` (the rows the batch waits
+        on, where known: `ends`)."""
+        return self._gain[b] if self._ends is None else self._ends
+
+    def _ratio(self, b: int) -> float | None:
+        """A speculative step's time over a plain one's at bucket `b` (or the batch size
+        that decides it), as measured now."""
+        source = self._source(b)
+        t_spec = source is not None and self._secs(source, True)
+        t_plain = source is not None and self._secs(source, False)
+        return t_spec / t_plain if t_spec and t_plain else None
 
     @property
     def by_rows(self) -> bool:
@@ -276,11 +289,22 @@ class Control:
         m = self._modes.setdefault(b, _Mode())
         if not m.probe_at:
             first, _ = self._gaps(b, winner)
-            m.probe_at, m.gap, m.winner = n + first, first, winner
+            m.probe_at, m.gap, m.winner, m.ratio = n + first, first, winner, self._ratio(b)
         if n < m.probe_at:
             if winner == m.winner:
                 return winner
-            if not self.drift:  # the running mode fell below the other's last rate
+            if not self.drift:
+                # On CUDA a step's time follows the host (launch-bound), and only the
+                # running mode's times are fresh: a slow spell made plain steps look
+                # slower than speculation's older ones (an H100, model at B=16: plain
+                # 2.3 -> 4.5 ms a step against a 10.4 ms speculative one measured before;
+                # it switched, lost, and probed again within 1,000 steps, in half of 31
+                # runs). So between probes the two compare as they last did when both
+                # were fresh; a yield that moved (lookup's shadow drafts, the rows the
+                # batch waits on) still switches at once.
+                now = self._yield(self._source(b))
+                if m.ratio is not None and (now >= m.ratio) == m.winner:
+                    return m.winner
                 first, _ = self._gaps(b, winner)
                 m.winner, m.gap, m.probe_at = winner, first, n + first
                 return winner
@@ -300,7 +324,8 @@ class Control:
         # soon, when both modes' times are fresh (the one it leaves may be old too: a
         # server's batch of this size last ran over shorter or longer contexts).
         held = winner == m.winner
-        first, longest = self._gaps(b, winner)
+        m.ratio = self._ratio(b)  # (both modes' times fresh: the probe's, and the steps
+        first, longest = self._gaps(b, winner)  # just before it)
         if held:  # (after a switch's quick check, the usual gap again; never below
             m.gap = max(first, min(2 * m.gap, longest))  # what the last probe cost)
         else:
