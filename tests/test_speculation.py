@@ -1249,8 +1249,8 @@ def test_on_cuda_a_slow_spell_of_the_host_does_not_switch_to_a_losing_speculatio
     a speculative one 10.4 ms for ~2.4 tokens a row, a probe's first step more (the draft's
     catch-up). The host's speed moved in spells (plain steps 2.1-2.3 ms, then 3.8-4.8), and
     a slow spell's plain steps, against speculation's older time, made speculation look the
-    faster: it switched, lost, and probed again, in 16 of 31 runs of bench=spec (0.93x
-    paired). Simulated over 31 x 285 steps, the host at half speed every other 150 steps:
+    faster: it switched, lost, and probed again (15 of 31 runs of bench=spec speculated;
+    0.93x paired). Simulated over 31 x 285 steps, the host at half speed every other 150 steps:
     one exploration, as with a steady host, and no cost beyond it."""
 
     def run(spells: bool) -> tuple[int, float]:

@@ -298,10 +298,10 @@ class Control:
                 # running mode's times are fresh: a slow spell made plain steps look
                 # slower than speculation's older ones (an H100, model at B=16: plain
                 # 2.3 -> 4.5 ms a step against a 10.4 ms speculative one measured before;
-                # it switched, lost, and probed again within 1,000 steps, in half of 31
-                # runs). So between probes the two compare as they last did when both
-                # were fresh; a yield that moved (lookup's shadow drafts, the rows the
-                # batch waits on) still switches at once.
+                # it switched and lost; 15 of 31 runs speculated, 0.93x). So between
+                # probes the two compare as they last did when both were fresh; a yield
+                # that moved (lookup's shadow drafts, the rows the batch waits on) still
+                # switches at once.
                 now = self._yield(self._source(b))
                 if m.ratio is not None and (now >= m.ratio) == m.winner:
                     return m.winner
