@@ -93,6 +93,31 @@ def test_json_object_and_bias_compose(client, plan, engine):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def test_a_format_s_description_is_an_annotation_as_langchain_sends_it(server, client, plan):
+    """LangChain's structured output from a JSON schema sends its description beside the
+    name; both are annotations (the output is held to the schema), each a string. The
+    output is the same as without them; the Responses API's flat format reads them too."""
+    described = {**FORMAT["json_schema"], "description": "A person, as JSON."}
+    r = client.chat.completions.create(model=plan.model.id, messages=MSGS, max_tokens=80,
+                                       temperature=0, response_format={
+                                           "type": "json_schema", "json_schema": described})
+    assert r.choices[0].message.content == _ask(client, plan, temperature=0).choices[0] \
+        .message.content
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    text = {"format": {"type": "json_schema", **described}}
+    out = client.responses.create(model=plan.model.id, input=MSGS[0]["content"],
+                                  max_output_tokens=80, text=text)
+    jsonschema.validate(json.loads(out.output_text), PERSON)
+    for path, body in (("chat/completions", {"messages": MSGS, "response_format": {
+            "type": "json_schema", "json_schema": {**described, "description": 7}}}),
+                       ("responses", {"input": "x", "text": {"format": {**text["format"],
+                                                                        "name": ["x"]}}})):
+        r = httpx.post(f"{server}/v1/{path}", json={"model": plan.model.id, **body})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] in ("response_format.json_schema.description",
+                                              "text.format.name")
+
+
 @pytest.mark.parametrize("schema", [{"type": "foo"}, {"$ref": "#/definitions/nope"}])
 def test_a_schema_llguidance_cannot_compile_is_a_400(server, plan, schema):
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}

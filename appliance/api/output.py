@@ -27,6 +27,15 @@ class OutputSpec:
     grammar: Grammar | None
 
 
+def annotations(spec: dict, param: str) -> None:
+    """A format's `name` and `description` are annotations, as the schema's own are: the
+    output is held to the schema, which the model is not shown (LangChain's structured
+    output sends a JSON schema's description here). Each must be a string."""
+    for key in ("name", "description"):
+        if key in spec and not isinstance(spec[key], str):
+            raise invalid(f"{param}.{key}", "must be a string")
+
+
 def response_schema(rf, param: str = "response_format") -> dict | None:
     """The JSON schema `response_format` asks for, or None for free text."""
     if rf is None:
@@ -42,7 +51,8 @@ def response_schema(rf, param: str = "response_format") -> dict | None:
     if kind == "json_schema":
         spec = rf.get("json_schema")
         if isinstance(spec, dict):  # (strict: the output is constrained to it either way)
-            only_known(spec, ("name", "schema", "strict"), f"{param}.json_schema")
+            only_known(spec, ("name", "description", "schema", "strict"), f"{param}.json_schema")
+            annotations(spec, f"{param}.json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise invalid(f"{param}.json_schema.schema", "must be a JSON schema object")

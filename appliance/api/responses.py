@@ -19,7 +19,7 @@ from msgspec import Meta
 
 from appliance.api import metrics
 from appliance.api.errors import APIError, generation_failed, invalid, only_known, typed
-from appliance.api.output import response_schema
+from appliance.api.output import annotations, response_schema
 from appliance.api.requests import (
     Conversation,
     Prepared,
@@ -178,7 +178,8 @@ def _schema(text: dict | None) -> dict | None:
     if fmt is None:
         return None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":  # flat, unlike chat's
-        only_known(fmt, ("type", "name", "schema", "strict"), "text.format")
+        only_known(fmt, ("type", "name", "description", "schema", "strict"), "text.format")
+        annotations(fmt, "text.format")
         spec = {k: v for k, v in fmt.items() if k != "type"}
         return response_schema({"type": "json_schema", "json_schema": spec}, "text.format")
     return response_schema(fmt, "text.format")
