@@ -424,8 +424,8 @@ FN = {"name": "f", "parameters": {"type": "object"}}
     ("chat/completions", {"response_format": {"type": "text", "bogus": 1}},
      "response_format.bogus"),
     ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "a", "schema": {"type": "object"}, "description": "d"}}},
-     "response_format.json_schema.description"),
+        "name": "a", "schema": {"type": "object"}, "bogus": "d"}}},
+     "response_format.json_schema.bogus"),
     ("chat/completions", {"tools": [{"type": "function", "function": {**FN, "bogus": 1}}]},
      "tools[0].function.bogus"),
     ("chat/completions", {"tools": [{"type": "function", "function": FN, "bogus": 1}]},
