@@ -87,6 +87,28 @@ def test_multirun_ends_with_one_comparison(tmp_path):
     assert f"SWEEP {root / 'sweep.md'}" in r.stdout
 
 
+def test_a_spec_sweep_compares_the_methods(tmp_path):
+    """Issue 12 item 10: `appliance -m mode=bench bench=spec draft=none,lookup` ends with one
+    table: each method's paired ratio to draft=none and its A/A spread, per workload and
+    batch size (the report once plotted only fleet numbers, found none here and failed)."""
+    r = _cli(["-m", "mode=bench", "bench=spec", "draft=none,lookup", "model.dtype=float32",
+              "bench.repeats=1", "bench.spec_workloads=[edit]", "bench.spec_batches=[1]",
+              "bench.decode_tokens=16", "bench.spec_context=128", "bench.progress=false"],
+             tmp_path)
+    assert r.returncode == 0 and "the sweep report failed" not in r.stderr, r.stderr[-3000:]
+    [root] = list(tmp_path.glob("multirun/*/*"))
+    docs = [json.loads((root / c / "bench.json").read_text()) for c in ("0", "1")]
+    table = list(csv.DictReader((root / "sweep.csv").open()))
+    assert [t["draft"] for t in table] == ["none", "lookup"]
+    assert table[0]["edit B=1 x none"] == ""  # (draft=none against itself: no ratio)
+    assert float(table[1]["edit B=1 x none"]) == docs[1]["result"]["cells"][0]["paired_ratio"]
+    assert [float(t["edit B=1 A/A"]) for t in table] == [
+        d["result"]["cells"][0]["control"]["paired_ratio"] for d in docs]
+    assert "| cell | draft | target | edit B=1 x none | edit B=1 A/A |" in \
+        (root / "sweep.md").read_text()
+    assert not list(root.glob("*.png"))  # (no fleet numbers to plot)
+
+
 def test_tune_writes_a_profile_that_resolves(tmp_path):
     """Two Optuna trials over max_rows and prefill_chunk; the best becomes
     ./profiles/<name>.yaml, and `+profile=<name>` then plans with its values."""

@@ -4,9 +4,10 @@
 bench.json per cell; this Hydra callback (conf/config.yaml, hydra.callbacks) then writes at
 the sweep root:
 - sweep.md and sweep.csv: one row per cell, the swept knobs (the overrides that differ
-  between cells, read from each bench.json) beside its headline numbers;
+  between cells, read from each bench.json) beside its headline numbers (bench=spec: each
+  workload and batch size's paired ratio to draft=none, and its A/A spread);
 - sweep-<knob>.png for each swept knob: aggregate tok/s and TTFT p95 against it, one line
-  per combination of the other knobs.
+  per combination of the other knobs (workloads that measure those).
 Under mode=tune it also writes the best trial as a profile (appliance/bench/tune.py).
 """
 
@@ -36,6 +37,20 @@ METRICS: tuple[tuple[str, Any], ...] = (
     ("TTFT p95 x anchor", lambda d: (d.get("ratios") or {}).get("ttft_ms_p95")),
     ("objective", lambda d: (d.get("tune") or {}).get("objective")),
 )
+
+
+def _spec_columns(doc: dict) -> dict[str, Any]:
+    """bench=spec's numbers (it has no fleet summary): per workload and batch size, the
+    draft's paired ratio to draft=none (None for draft=none itself) and the A/A ratio, a
+    second draft=none engine's, which says how far the runs spread."""
+    if doc.get("workload") != "spec":
+        return {}
+    out: dict[str, Any] = {}
+    for c in (doc.get("result") or {}).get("cells", []):
+        at = f"{c['workload']} B={c['rows']}"
+        out[f"{at} x none"] = c.get("paired_ratio")
+        out[f"{at} A/A"] = (c.get("control") or {}).get("paired_ratio")
+    return out
 
 
 def _knobs(overrides: list[str]) -> dict[str, str]:
@@ -68,8 +83,11 @@ def rows(cells: list[Cell]) -> tuple[list[str], list[str], list[dict]]:
             row["target"] = doc.get("target", {}).get("kind", "-")
             for col, key in METRICS:
                 row[col] = key(doc) if callable(key) else doc.get("summary", {}).get(key)
+            row.update(_spec_columns(doc))
         out.append(row)
-    metrics = [c for c, _ in METRICS if any(r.get(c) is not None for r in out)]
+    named = [c for c, _ in METRICS] + list(dict.fromkeys(
+        c for doc in (d for _, d in docs if d) for c in _spec_columns(doc)))
+    metrics = [c for c in named if any(r.get(c) is not None for r in out)]
     return swept, metrics, out
 
 
@@ -187,8 +205,9 @@ def write_report(root: Path, cells: list[Cell]) -> dict[str, Path] | None:
     title = (f"bench={first['workload']} | {lb['model']['id']} {lb['model']['dtype']} | "
              f"{lb['machine']['chip']} {lb['machine']['backend']} | {lb['date'][:10]}")
     bound = (first.get("tune") or {}).get("ttft_p95_bound_ms")
-    for knob in swept:
-        out[f"png:{knob}"] = plot(root, knob, swept, table, title, bound)
+    if "agg tok/s" in metrics:  # (bench=spec, decode, kv, prefix measure something else)
+        for knob in swept:
+            out[f"png:{knob}"] = plot(root, knob, swept, table, title, bound)
     return out
 
 
