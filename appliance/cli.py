@@ -17,6 +17,7 @@ import sys
 
 import appliance  # noqa: F401  (BLAS preload before mlx)
 from appliance.config.hydra_setup import conf_dir, group_options, setup
+from appliance.config.overrides import field_problems, remainder_problems
 from appliance.plan import PlanError, resolve
 
 MODES = ("serve", "plan", "bench", "tune")
@@ -26,9 +27,10 @@ _objective: float | None = None  # a mode=tune trial's, returned to the Optuna s
 
 
 def _override_problems(argv: list[str]) -> list[str]:
-    """Unknown group options, found before Hydra composes (it would stop at the first)."""
+    """Unknown group options, keys and ill-typed values, found before Hydra composes (it
+    would stop at the first); with any, the plan's own problems with the rest too."""
     groups = group_options()
-    problems = []
+    problems, bad = [], []
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -42,6 +44,12 @@ def _override_problems(argv: list[str]) -> list[str]:
                 where = "profiles/" if key == "profile" else f"conf/{key}/"
                 problems.append(f"{key}={v!r} is not an option ({where}); "
                                 f"valid choices: {', '.join(groups[key])}")
+                bad.append(arg)
+    for arg, says in field_problems(argv, groups).items():
+        problems += says
+        bad.append(arg)
+    if problems and not {"-m", "--multirun"} & set(argv):
+        problems += [p for p in remainder_problems(argv, bad) if p not in problems]
     return problems
 
 

@@ -176,6 +176,26 @@ def test_cli_bad_value_exits_2(tmp_path):
     assert r.returncode == 2 and "server.port" in r.stderr
 
 
+def test_cli_names_every_problem_at_once(tmp_path):
+    """An unknown option, an unknown key or a value its type refuses stopped Hydra at the
+    first, in Hydra's words (`server.port=abc`: "Error merging override"), hiding the rest;
+    now one PlanError names them all, with the plan's own problems with the other overrides
+    (found by a new-user walkthrough of README)."""
+    r = _cli("mode=plan", "kv=nope", "server.port=abc", "batch.nope=3", "foo=1",
+             "batch.max_rows=-1", cwd=tmp_path)
+    assert r.returncode == 2 and "PlanError: 5 problem(s)" in r.stderr, r.stderr
+    for says in ("kv='nope' is not an option (conf/kv/); valid choices: affine4",
+                 "server.port='abc': Value 'abc' of type 'str' could not be converted to "
+                 "Integer", "batch.nope is not a setting of appliance; did you mean "
+                 "batch.mode?", "foo is not a setting of appliance; valid keys here: mode, "
+                 "model", "batch.max_rows=-1 must be >= 1"):
+        assert says in r.stderr
+    assert "Error merging override" not in r.stderr and "full_key" not in r.stderr
+    r = _cli("-m", "mode=plan", "server.port=8000,abc", cwd=tmp_path)  # each sweep value
+    assert r.returncode == 2 and "server.port='abc'" in r.stderr and "8000" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_refuses_bench_and_tune_settings_no_mode_reads(tmp_path):
     """Never accepted and ignored: bench.* outside mode=bench/tune, tune.* outside mode=tune."""
     r = _cli("mode=plan", "bench=agents", "bench.agents=4", "tune.trials=3", cwd=tmp_path)

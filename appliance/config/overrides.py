@@ -1,0 +1,72 @@
+"""The command line's field overrides, checked before Hydra composes them: Hydra stops at the
+first it cannot apply (`server.port=abc`, `batch.nope=3`) with its own message, and an
+unknown group option hides every other problem. A PlanError names them all at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ABSENT = object()
+
+
+def field_problems(argv: list[str], groups: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Per `key=value` argument the schema has no key for, or whose value its type refuses
+    (each value of a sweep), what is wrong. Group choices (`kv=...`) are checked by the
+    caller; `+key=` (checked after composing: `unknown_keys`), `~key` and hydra.* are left
+    alone."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from appliance.config.schema import AppConfig, unknown_keys
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(
+            [a for a in argv if "=" in a and not a.startswith("-")])
+    except Exception:  # noqa: BLE001  (Hydra refuses it itself, in its own words)
+        return {}
+    schema, problems = OmegaConf.structured(AppConfig), {}
+    for o in parsed:
+        key = o.key_or_group
+        if key in groups or key.replace("/", ".").split(".")[0] == "hydra" or o.is_add() \
+                or o.is_delete():
+            continue
+        if OmegaConf.select(schema, key, default=_ABSENT) is _ABSENT:
+            nested: dict[str, Any] = {}
+            node = nested
+            for part in key.split(".")[:-1]:
+                node = node.setdefault(part, {})
+            node[key.split(".")[-1]] = None
+            problems[o.input_line] = unknown_keys(OmegaConf.create(nested))
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        for v in values:
+            try:
+                OmegaConf.update(schema.copy(), key, v, merge=True)
+            except OmegaConfBaseException as e:
+                why = str(e.msg).splitlines()[0]  # (without OmegaConf's object dump)
+                problems.setdefault(o.input_line, []).append(f"{key}={v!r}: {why}")
+    return problems
+
+
+def remainder_problems(argv: list[str], skip: list[str]) -> list[str]:
+    """The plan's own problems with every override but those in `skip` (the ones already
+    found wrong), so that `kv=nope batch.max_rows=-1` names both. Single runs only."""
+    from hydra import compose, initialize_config_dir
+
+    from appliance.config.hydra_setup import conf_dir
+    from appliance.plan import PlanError, resolve
+
+    keep = [a for a in argv if "=" in a and not a.startswith("-") and a not in skip
+            and not a.startswith("hydra")]
+    profiles = [s.strip() for a in keep if a.lstrip("+").startswith("profile=")
+                for s in a.split("=", 1)[1].strip("[]").split(",") if s.strip()]
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base="1.3"):
+            cfg = compose("config", overrides=keep)
+        resolve(cfg, profiles=tuple(profiles))
+    except PlanError as e:
+        return e.problems
+    except Exception:  # noqa: BLE001  (what is left does not compose: the found ones stand)
+        return []
+    return []
