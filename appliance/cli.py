@@ -122,7 +122,13 @@ def run(cfg) -> int:
 
         from appliance.bench import run as bench
 
-        bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir), tuple(task))
+        try:
+            bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir),
+                  tuple(task))
+        except KeyboardInterrupt:  # (Ctrl-C or SIGTERM before it wrote anything: no folder)
+            if hc.mode != RunMode.MULTIRUN:
+                _drop_if_empty(hc.runtime.output_dir)
+            raise
         return 0
     if cfg.mode == "tune":
         from pathlib import Path

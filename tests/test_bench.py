@@ -154,6 +154,32 @@ def test_cli_writes_bench_json(tmp_path):
     assert "BENCH fleet target=self" in r.stdout
 
 
+def test_a_bench_stopped_before_it_wrote_anything_leaves_no_folder(tmp_path):
+    """Ctrl-C in an in-process bench (bench=spec here; bench=kv in the walkthrough that
+    found it) exits 130 and, nothing written yet, leaves no empty ./bench/<time>/."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "bench=spec", "draft=lookup",
+           "model.dtype=float32", "bench.decode_tokens=4096", "bench.repeats=50",
+           "bench.progress=false"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 60
+        while not list(tmp_path.glob("bench/*")):  # the run has started (its folder made)
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.1)
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (tmp_path / "bench").exists()
+
+
 def test_kv_scheme_against_native(tmp_path):
     """bench=kv: capacity, batched and short-row decode for k8v4 and its native anchor,
     measured in one run, with the label (speed itself is not asserted)."""
