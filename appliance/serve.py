@@ -54,8 +54,8 @@ def _server_class():
 
         def _end_the_rest(self, loop) -> None:
             if self.server_state.connections:
-                log.warning("drain time (server.drain_seconds=%g) is up: ending %d "
-                            "connection(s)' requests", self.drain_seconds,
+                log.warning("drain time (server.drain_seconds=%g) is up: ending the "
+                            "requests of %d connection(s)", self.drain_seconds,
                             len(self.server_state.connections))
             # stop() waits for the engine thread (and the SSD tier's writes): not on the loop
             from appliance.api.errors import SHUTTING_DOWN

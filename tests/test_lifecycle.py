@@ -133,3 +133,19 @@ def test_a_port_in_use_is_a_setting_to_change_not_a_failed_engine(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"server.port={port}: cannot listen on 127.0.0.1:{port}" in r.stderr
     assert "plan fp_" not in r.stderr  # (logged as the model starts loading: it did not)
+
+
+def test_a_request_a_graceful_stop_ends_is_a_warning_not_an_error(caplog):
+    """The documented end of a drain (503 shutting_down) and a memory shortfall (503, retry)
+    are expected outcomes a client retries: a warning in the log; any other failure an
+    error (a walkthrough read an ERROR line on every graceful stop)."""
+    import logging
+
+    from appliance.api.errors import SHUTTING_DOWN, generation_failed
+    from appliance.engine.memory import OUT_OF_MEMORY
+
+    with caplog.at_level(logging.WARNING, logger="appliance.api"):
+        codes = [generation_failed(e).status for e in
+                 (SHUTTING_DOWN, f"{OUT_OF_MEMORY}: 1 GiB more", "boom")]
+    assert codes == [503, 503, 500]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2 + [logging.ERROR]

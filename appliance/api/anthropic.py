@@ -172,7 +172,6 @@ async def messages(request: Request, state: State,
             if open_text:
                 yield _event("content_block_stop", {"index": index})
             if item.error:
-                log.error("generation failed mid-stream: %s", item.error)
                 yield _event("error", error_body(generation_failed(item.error)))
                 return
             reason, seq = _stop_reason(item, user_stops)

@@ -46,12 +46,16 @@ SHUTTING_DOWN = "the server is shutting down (server.drain_seconds ran out); ret
 
 
 def generation_failed(error: str) -> APIError:
-    """A request the engine ended with `error`: 503 when the server is stopping (a client
-    may retry elsewhere) or could not find memory for it (retry shortly), else 500."""
+    """A request the engine ended with `error` (logged): 503 when the server is stopping (a
+    client may retry elsewhere) or could not find memory for it (retry shortly), each a
+    warning in the log, else 500, an error."""
     if error == SHUTTING_DOWN:
+        log.warning("a request ended: %s", error)
         return APIError(503, error, code="shutting_down")
     if error.startswith(OUT_OF_MEMORY):
+        log.warning("a request ended: %s", error)
         return APIError(503, error, code="out_of_memory", headers={"Retry-After": "2"})
+    log.error("generation failed: %s", error)
     return APIError(500, f"generation failed: {error}", code="generation_error")
 
 

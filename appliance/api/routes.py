@@ -64,7 +64,6 @@ async def _complete(request: Request, state: State, prep: Prepared) -> tuple[lis
 
     done = await _unless_disconnected(request, gen, collect())
     if done.error:
-        log.error("generation failed: %s", done.error)
         raise generation_failed(done.error)
     return pieces, done
 
@@ -81,7 +80,6 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
     # Refusals (400/429) must be HTTP errors, not a broken stream: wait for the first piece.
     first = await _unless_disconnected(request, gen, gen.__anext__())
     if isinstance(first, Done) and first.error:  # failed before any token: a plain 500
-        log.error("generation failed: %s", first.error)
         raise generation_failed(first.error)
 
     async def frames() -> AsyncIterator[bytes]:
@@ -95,7 +93,6 @@ async def _respond(request: Request, state: State, prep: Prepared, fmt, stream: 
             while True:
                 if isinstance(item, Done):
                     if item.error:
-                        log.error("generation failed mid-stream: %s", item.error)
                         yield wire.sse(generation_failed(item.error).body())
                         break
                     yield wire.sse({**env, "choices": [fmt.chunk(None, item.finish_reason)]})
