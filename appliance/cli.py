@@ -18,6 +18,7 @@ import sys
 import appliance  # noqa: F401  (BLAS preload before mlx)
 from appliance.config.hydra_setup import conf_dir, group_options, setup
 from appliance.config.overrides import field_problems, remainder_problems
+from appliance.config.overrides import profiles as _profiles
 from appliance.plan import PlanError, resolve
 
 MODES = ("serve", "plan", "bench", "tune")
@@ -51,14 +52,6 @@ def _override_problems(argv: list[str]) -> list[str]:
     if problems and not {"-m", "--multirun"} & set(argv):
         problems += [p for p in remainder_problems(argv, bad) if p not in problems]
     return problems
-
-
-def _profiles(task_overrides: list[str]) -> tuple[str, ...]:
-    names: list[str] = []
-    for o in task_overrides:
-        if o.lstrip("+").startswith("profile="):
-            names += [s.strip() for s in o.split("=", 1)[1].strip("[]").split(",") if s.strip()]
-    return tuple(names)
 
 
 def run(cfg) -> int:

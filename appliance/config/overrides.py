@@ -9,6 +9,15 @@ from typing import Any
 _ABSENT = object()
 
 
+def profiles(task_overrides: list[str]) -> tuple[str, ...]:
+    """The profiles `+profile=A` / `+profile=[A,B]` name, in order."""
+    names: list[str] = []
+    for o in task_overrides:
+        if o.lstrip("+").startswith("profile="):
+            names += [s.strip() for s in o.split("=", 1)[1].strip("[]").split(",") if s.strip()]
+    return tuple(names)
+
+
 def field_problems(argv: list[str], groups: dict[str, list[str]]) -> dict[str, list[str]]:
     """Per `key=value` argument the schema has no key for, or whose value its type refuses
     (each value of a sweep), what is wrong. Group choices (`kv=...`) are checked by the
@@ -59,12 +68,10 @@ def remainder_problems(argv: list[str], skip: list[str]) -> list[str]:
 
     keep = [a for a in argv if "=" in a and not a.startswith("-") and a not in skip
             and not a.startswith("hydra")]
-    profiles = [s.strip() for a in keep if a.lstrip("+").startswith("profile=")
-                for s in a.split("=", 1)[1].strip("[]").split(",") if s.strip()]
     try:
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             cfg = compose("config", overrides=keep)
-        resolve(cfg, profiles=tuple(profiles))
+        resolve(cfg, profiles=profiles(keep))
     except PlanError as e:
         return e.problems
     except Exception:  # noqa: BLE001  (what is left does not compose: the found ones stand)
