@@ -286,10 +286,14 @@ def run_kv(plan: ExecutionPlan, cfg, path: Path, overrides: list[str]) -> dict:
     plans.setdefault(scheme_name(plan.kv), plan)
     if problems := check_fits(plans, cfg):
         raise PlanError(problems)
+    from appliance.bench.progress import bar
+
     budget = budget_bytes(plan, cfg)
     n, repeats, seed = cfg.decode_tokens, max(1, cfg.repeats), cfg.seed
     decode, short = [], []
-    with mx.stream(mx.new_stream(mx.default_device())):
+    runs = (len(cfg.kv_batches) + 2) * len(plans)  # (minutes at the defaults: a bar says so)
+    with mx.stream(mx.new_stream(mx.default_device())), \
+            bar(f"kv: {' vs '.join(plans)}", runs, cfg.progress) as advance:
         model, _ = runner.load(str(path), plan.model.dtype, plan.model.revision,
                                dequantize=plan.model.dequantized)
         recurrent = _recurrent_bytes(model)
@@ -302,6 +306,7 @@ def run_kv(plan: ExecutionPlan, cfg, path: Path, overrides: list[str]) -> dict:
                                   **rec}, first)
                 first = first or rec
                 decode.append(rec)
+                advance()
         for kind in ("solo", "batched"):
             first = None
             for name, p in plans.items():
@@ -314,6 +319,7 @@ def run_kv(plan: ExecutionPlan, cfg, path: Path, overrides: list[str]) -> dict:
                                   "context": cfg.kv_short_context, **rec}, first)
                 first = first or rec
                 short.append(rec)
+                advance()
         del model
         _release()
     for rec in decode + short:

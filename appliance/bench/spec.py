@@ -243,9 +243,12 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
         contenders[plan.draft.kind] = plan.draft
     if cfg.spec_control:  # (with draft=none too: the runs' spread alone)
         contenders[AGAIN] = DraftPlan(kind="none")
+    from appliance.bench.progress import bar
+
     results = []
-    for workload in cfg.spec_workloads:
-        for rows in cfg.spec_batches:
+    with bar(f"spec: {' vs '.join(contenders)}", len(cfg.spec_workloads) * len(cfg.spec_batches),
+             cfg.progress) as advance:
+        for workload, rows in [(w, b) for w in cfg.spec_workloads for b in cfg.spec_batches]:
             ps = prompts(tokenizer, workload, rows, cfg.spec_context)
             reqs = [GenerationRequest(p, cfg.decode_tokens, sampling) for p in ps]
             warm = [GenerationRequest(p[:64], 8, sampling) for p in ps]
@@ -273,6 +276,7 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
             if AGAIN in cell:
                 cell["control"] = _ratios(cell[AGAIN], cell["none"])
             results.append(cell)
+            advance()
     out = {"draft": plan.draft.kind, "k": plan.draft.k, "cells": results}
     if cfg.spec_verify_cost:
         ks = list(range(1, max(plan.draft.k, 1) + 1))
