@@ -278,6 +278,7 @@ def check_fits(plans: dict, cfg) -> list[str]:
 def run_kv(plan: ExecutionPlan, cfg, path: Path, overrides: list[str]) -> dict:
     import mlx.core as mx
 
+    from appliance.bench.progress import bar
     from appliance.engine import runner
     from appliance.engine.build import _recurrent_bytes
 
@@ -286,8 +287,6 @@ def run_kv(plan: ExecutionPlan, cfg, path: Path, overrides: list[str]) -> dict:
     plans.setdefault(scheme_name(plan.kv), plan)
     if problems := check_fits(plans, cfg):
         raise PlanError(problems)
-    from appliance.bench.progress import bar
-
     budget = budget_bytes(plan, cfg)
     n, repeats, seed = cfg.decode_tokens, max(1, cfg.repeats), cfg.seed
     decode, short = [], []

@@ -231,6 +231,7 @@ def _ratios(a: dict, b: dict) -> dict:
 def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
     import mlx.core as mx
 
+    from appliance.bench.progress import bar
     from appliance.engine import runner
     from appliance.engine.types import GenerationRequest, SamplingParams
     from appliance.plan.draft import DraftPlan
@@ -243,8 +244,6 @@ def run_spec(plan: ExecutionPlan, cfg, path: Path, tokenizer) -> dict:
         contenders[plan.draft.kind] = plan.draft
     if cfg.spec_control:  # (with draft=none too: the runs' spread alone)
         contenders[AGAIN] = DraftPlan(kind="none")
-    from appliance.bench.progress import bar
-
     results = []
     with bar(f"spec: {' vs '.join(contenders)}", len(cfg.spec_workloads) * len(cfg.spec_batches),
              cfg.progress) as advance:

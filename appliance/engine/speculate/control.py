@@ -324,8 +324,9 @@ class Control:
         # soon, when both modes' times are fresh (the one it leaves may be old too: a
         # server's batch of this size last ran over shorter or longer contexts).
         held = winner == m.winner
-        m.ratio = self._ratio(b)  # (both modes' times fresh: the probe's, and the steps
-        first, longest = self._gaps(b, winner)  # just before it)
+        # (both modes' times are fresh here: the probe's, and the steps just before it)
+        m.ratio = self._ratio(b)
+        first, longest = self._gaps(b, winner)
         if held:  # (after a switch's quick check, the usual gap again; never below
             m.gap = max(first, min(2 * m.gap, longest))  # what the last probe cost)
         else:
