@@ -200,6 +200,8 @@ def test_count_tokens_counts_past_the_context_limit(claude, plan):
      "tools[0].bogus"),
     ({"messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
     ({"stop_sequences": [""]}, 400, "stop_sequences: "),
+    ({"tools": [*TOOLS, {**TOOLS[0], "description": "again"}]}, 400,
+     "tools[1]: 'get_weather' is also the name of tools[0]"),
 ])
 def test_errors_have_anthropics_shape(claude, plan, extra, status, fragment):
     kw = {"model": plan.model.id, "max_tokens": 5, "messages": MSGS, **extra}
@@ -210,6 +212,46 @@ def test_errors_have_anthropics_shape(claude, plan, extra, status, fragment):
     assert body["type"] == "error" and fragment in body["error"]["message"]
     assert body["error"]["type"] == ("not_found_error" if status == 404
                                      else "invalid_request_error")
+
+
+def _use(i, **kw):
+    return {"type": "tool_use", "id": i, "name": "get_weather",
+            "input": {"city": "Paris", "days": 1}, **kw}
+
+
+def _result(i):
+    return {"type": "tool_result", "tool_use_id": i, "content": "sunny"}
+
+
+ASKED = [*MSGS, {"role": "assistant", "content": [_use("u1")]}]
+
+
+@pytest.mark.parametrize("messages,fragment", [
+    ([{"role": "user", "content": [_result("u1")]}],
+     "messages[0].content[0]: a tool result for call 'u1'"),
+    ([*ASKED, {"role": "user", "content": "and?"}], "messages[1]: tool call 'u1' has no result"),
+    ([*ASKED, {"role": "user", "content": [_result("u2")]}], "messages[2].content[0]: "),
+    ([*ASKED, {"role": "user", "content": [{"type": "text", "text": "here"}, _result("u1")]}],
+     "messages[2].content[1]: tool_result blocks come first"),
+    ([*MSGS, {"role": "assistant", "content": [{"type": "tool_use", "name": "get_weather",
+                                                  "input": {}}]}],
+     "messages[1].content[0].id: is required"),
+    ([*ASKED, {"role": "user", "content": [{"type": "tool_result", "content": "x"}]}],
+     "messages[2].content[0].tool_use_id: is required"),
+])
+def test_tool_results_and_uses_pair_up_as_anthropic_requires(claude, plan, messages, fragment):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model=plan.model.id, max_tokens=2, tools=TOOLS,
+                               messages=messages)
+    assert fragment in e.value.body["error"]["message"]
+
+
+def test_a_results_turn_answers_parallel_uses_in_any_order_then_text(claude, plan):
+    m = claude.messages.create(model=plan.model.id, max_tokens=2, tools=TOOLS, messages=[
+        *MSGS, {"role": "assistant", "content": [_use("u1"), _use("u2")]},
+        {"role": "user", "content": [_result("u2"), _result("u1"),
+                                     {"type": "text", "text": "and?"}]}])
+    assert m.usage.input_tokens > 0
 
 
 def _refused():

@@ -126,6 +126,40 @@ def test_unsupported_fields_are_refused_by_name(server, plan, extra, param):
     assert r.json()["error"]["param"] == param
 
 
+def _call(i, **kw):
+    return {"type": "function_call", "call_id": i, "name": "get_weather",
+            "arguments": '{"city": "Paris"}', **kw}
+
+
+def _output(i):
+    return {"type": "function_call_output", "call_id": i, "output": "sunny"}
+
+
+ASK = {"role": "user", "content": Q}
+
+
+@pytest.mark.parametrize("items,param", [
+    ([ASK, _output("c1")], "input[1]"),
+    ([ASK, _call("c1")], "input[1]"),
+    ([ASK, _call("c1"), ASK], "input[1]"),
+    ([ASK, _call("c1"), {"type": "function_call_output", "output": "x"}], "input[2].call_id"),
+    ([ASK, {"type": "function_call", "call_id": "c1", "arguments": "{}"}], "input[1].name"),
+])
+def test_function_calls_and_outputs_pair_up(server, plan, items, param):
+    r = httpx.post(f"{server}/v1/responses", json={
+        "model": plan.model.id, "input": items, "max_output_tokens": 3, "tools": TOOLS})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_outputs_follow_their_calls_interleaved_or_in_parallel(client, plan):
+    for items in ([ASK, _call("c1"), _output("c1"), _call("c2"), _output("c2")],
+                  [ASK, _call("c1"), _call("c2"), _output("c2"), _output("c1")]):
+        r = client.responses.create(model=plan.model.id, input=items, tools=TOOLS,
+                                    max_output_tokens=3)
+        assert r.usage.input_tokens > 0
+
+
 def _refused():
     from appliance.api.responses import REFUSED
 

@@ -356,6 +356,7 @@ def test_auto_with_free_text_is_plain_content(client, plan):
     ({"tools": [{"type": "function", "function": {"description": "x"}}]},
      "tools[0].function.name"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [*TOOLS, {"type": "function", "function": {"name": "add"}}]}, "tools[2]"),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
@@ -462,6 +463,45 @@ def test_unknown_nested_fields_are_refused_by_name(server, plan, path, extra, pa
     r = httpx.post(f"{server}/v1/{path}", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+def _calls(*ids):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+        for i in ids]}
+
+
+def _result(i):
+    return {"role": "tool", "tool_call_id": i, "content": "2"}
+
+
+@pytest.mark.parametrize("messages,param,says", [
+    ([*MSGS, _result("c1")], "messages[1]", "'c1', which is not an unanswered call"),
+    ([*MSGS, _calls("c1"), _result("c2")], "messages[2]", "'c2'"),
+    ([*MSGS, _calls("c1"), {"role": "user", "content": "and?"}], "messages[1]",
+     "tool call 'c1' has no result"),
+    ([*MSGS, _calls("c1", "c2"), _result("c1"), {"role": "user", "content": "and?"}],
+     "messages[1]", "tool call 'c2' has no result"),
+    ([*MSGS, _calls("c1")], "messages[1]", "tool call 'c1' has no result"),
+    ([*MSGS, _calls("c1"), _result("c1"), {"role": "assistant", "content": "3"},
+      _result("c1")], "messages[4]", "'c1', which is not an unanswered call"),
+])
+def test_tool_results_and_calls_pair_up_as_openai_requires(server, plan, messages, param,
+                                                           says):
+    """A result answering no call, or a call with no result, is refused as OpenAI's API
+    refuses it (the template would render it, and the model read a made-up conversation)."""
+    r = httpx.post(f"{server}/v1/chat/completions", json={
+        "model": plan.model.id, "max_tokens": 2, "tools": TOOLS, "messages": messages})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and says in r.json()["error"]["message"]
+
+
+def test_parallel_calls_may_be_answered_in_any_order(client, plan):
+    r = client.chat.completions.create(
+        model=plan.model.id, max_tokens=2, tools=TOOLS, messages=[
+            *MSGS, _calls("c1", "c2"), _result("c2"), _result("c1"),
+            {"role": "user", "content": "and?"}])
+    assert r.usage.prompt_tokens > 0
 
 
 def test_what_an_assistant_message_carries_back_is_accepted(client, plan):

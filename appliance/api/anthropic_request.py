@@ -93,17 +93,24 @@ def _text(blocks, param: str) -> str:
     return "".join(b["text"] for b in blocks)
 
 
-def _messages(body: MessagesRequest) -> list[dict]:
+def _messages(body: MessagesRequest) -> tuple[list[dict], list[str]]:
+    """The conversation in chat terms, and where each of its messages came from."""
     out: list[dict] = []
+    sources: list[str] = []
+
+    def add(msg: dict, src: str) -> None:
+        out.append(msg)
+        sources.append(src)
+
     if body.system is not None:
-        out.append({"role": "system", "content": _text(body.system, "system")})
+        add({"role": "system", "content": _text(body.system, "system")}, "system")
     for i, m in enumerate(body.messages):
         role, content = m.get("role"), m.get("content")
         only_known(m, ("role", "content"), f"messages[{i}]")
         if role not in ("user", "assistant"):
             raise invalid(f"messages[{i}].role", f"{role!r} is not one of user, assistant")
         if isinstance(content, str):
-            out.append({"role": role, "content": content})
+            add({"role": role, "content": content}, f"messages[{i}]")
             continue
         if not isinstance(content, list):
             raise invalid(f"messages[{i}].content", "must be a string or a list of blocks")
@@ -116,15 +123,23 @@ def _messages(body: MessagesRequest) -> list[dict]:
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
             elif kind == "tool_use" and role == "assistant":
-                calls.append({"id": b.get("id"), "type": "function",
-                              "function": {"name": b.get("name"),
-                                           "arguments": b.get("input") or {}}})
+                for key in ("id", "name"):
+                    if not isinstance(b.get(key), str) or not b[key]:
+                        raise invalid(f"{where}.{key}", "is required in a tool_use block")
+                if not isinstance(b.get("input", {}), dict):
+                    raise invalid(f"{where}.input", "must be an object")
+                calls.append({"id": b["id"], "type": "function",
+                              "function": {"name": b["name"], "arguments": b.get("input") or {}}})
             elif kind == "tool_result" and role == "user":
+                if text:  # (as Anthropic's API: the results answer the turn before them)
+                    raise invalid(where, "tool_result blocks come first in a user message, "
+                                         "before any text")
+                if not isinstance(b.get("tool_use_id"), str) or not b["tool_use_id"]:
+                    raise invalid(f"{where}.tool_use_id", "is required in a tool_result block")
                 result = _text(b.get("content") or "", f"{where}.content")
                 if b.get("is_error"):
                     result = f"Error: {result}"
-                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
-                            "content": result})
+                add({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result}, where)
             else:
                 raise invalid(f"{where}.type", f"{kind!r} blocks are not supported in "
                                                f"{role} messages")
@@ -133,8 +148,8 @@ def _messages(body: MessagesRequest) -> list[dict]:
             msg = {"role": role, "content": "".join(text)}
             if calls:
                 msg["tool_calls"] = calls
-            out.append(msg)
-    return out
+            add(msg, f"messages[{i}]")
+    return out, sources
 
 
 def _tools(tools) -> list[dict] | None:
@@ -209,8 +224,9 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer, count_only: bool = 
         else body.temperature,
         **nucleus(plan, body.top_p, body.top_k))
     tool_choice, parallel = _tool_choice(body.tool_choice)
-    conv = Conversation(_messages(body), _tools(body.tools), tool_choice, parallel, schema,
-                        max_tokens=("max_tokens", body.max_tokens),
+    messages, sources = _messages(body)
+    conv = Conversation(messages, _tools(body.tools), tool_choice, parallel, schema,
+                        max_tokens=("max_tokens", body.max_tokens), sources=tuple(sources),
                         schema_param="output_config.format.schema",
                         continue_final=body.messages[-1].get("role") == "assistant",
                         count_only=count_only)

@@ -16,7 +16,7 @@ from typing import Any
 from appliance.api.errors import APIError, invalid, only_known
 from appliance.api.output import output_spec, response_schema
 from appliance.api.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from appliance.api.tools import ToolFormat, message_tool_calls
+from appliance.api.tools import ToolFormat, check_answers, message_tool_calls
 from appliance.engine import GenerationRequest, SamplingParams
 from appliance.engine.sampling import MAX_SEED
 from appliance.plan import ExecutionPlan
@@ -238,6 +238,7 @@ class Conversation:
     # the final message is the assistant's, to continue (Anthropic's prefill), not to answer
     continue_final: bool = False
     count_only: bool = False  # only its tokens are asked for: no context limit applies
+    sources: tuple[str, ...] = ()  # where each message came from (default: prompt_param[i])
 
 
 def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
@@ -278,6 +279,8 @@ def prepare_conversation(conv: Conversation, sampling: SamplingParams, stops: tu
                       conv.schema_param)
     if conv.continue_final:
         _check_prefill(messages[-1], out, conv.prompt_param)
+    check_answers(messages, list(conv.sources) or
+                  [f"{conv.prompt_param}[{i}]" for i in range(len(messages))])
     cont = conv.continue_final
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=not cont,

@@ -111,12 +111,17 @@ def _content_text(content, param: str) -> str:
     return "".join(parts)
 
 
-def _messages(body: ResponsesRequest) -> list[dict]:
+def _messages(body: ResponsesRequest) -> tuple[list[dict], list[str]]:
+    """The conversation in chat terms, and where each of its messages came from."""
+    from appliance.api.tools import message_tool_calls
+
     out: list[dict] = []
+    sources: list[str] = []
     if body.instructions:
         out.append({"role": "system", "content": body.instructions})
+        sources.append("instructions")
     if isinstance(body.input, str):
-        return [*out, {"role": "user", "content": body.input}]
+        return [*out, {"role": "user", "content": body.input}], [*sources, "input"]
     for i, item in enumerate(body.input):
         kind = item.get("type", "message")
         if kind in ITEM_KEYS:
@@ -128,28 +133,29 @@ def _messages(body: ResponsesRequest) -> list[dict]:
                                                   "system, developer")
             out.append({"role": role, "content": _content_text(item.get("content"),
                                                                f"input[{i}].content")})
-        elif kind == "function_call":
+        elif kind in ("function_call", "function_call_output"):
             if not isinstance(item.get("call_id"), str) or not item["call_id"]:
-                raise invalid(f"input[{i}].call_id", "is required (the id its output answers)")
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"),
-                                 "arguments": item.get("arguments") or "{}"}}
+                raise invalid(f"input[{i}].call_id", "is required (the id an output answers)")
+            if kind == "function_call_output":
+                out.append({"role": "tool", "tool_call_id": item["call_id"],
+                            "content": _content_text(item.get("output") or "",
+                                                     f"input[{i}].output")})
+                sources.append(f"input[{i}]")
+                continue
+            if not isinstance(item.get("name"), str) or not item["name"]:
+                raise invalid(f"input[{i}].name", "is required in a function_call")
+            (call,) = message_tool_calls([{"id": item["call_id"], "type": "function",
+                                           "function": {"name": item["name"], "arguments":
+                                                        item.get("arguments") or "{}"}}],
+                                         f"input[{i}]")
             if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
-                out[-1]["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                        "content": _content_text(item.get("output") or "",
-                                                 f"input[{i}].output")})
+                out[-1]["tool_calls"].append(call)  # (a parallel call: the same turn)
+                continue
+            out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         else:
             raise invalid(f"input[{i}].type", f"{kind!r} items are not supported")
-    from appliance.api.tools import message_tool_calls
-
-    for i, m in enumerate(out):
-        if "tool_calls" in m:
-            m["tool_calls"] = message_tool_calls(m["tool_calls"], f"input[{i}]")
-    return out
+        sources.append(f"input[{i}]")
+    return out, sources
 
 
 def _tools(tools) -> list[dict] | None:
@@ -207,8 +213,9 @@ def prepare_response(body: ResponsesRequest, plan, tokenizer) -> Prepared:
         temperature=plan.server.default_temperature if body.temperature is None
         else body.temperature,
         **nucleus(plan, body.top_p, None))
-    conv = Conversation(_messages(body), _tools(body.tools), _tool_choice(body.tool_choice),
-                        body.parallel_tool_calls, _schema(body.text),
+    messages, sources = _messages(body)
+    conv = Conversation(messages, _tools(body.tools), _tool_choice(body.tool_choice),
+                        body.parallel_tool_calls, _schema(body.text), sources=tuple(sources),
                         max_tokens=("max_output_tokens", body.max_output_tokens),
                         prompt_param="input", schema_param="text.format.schema")
     return prepare_conversation(conv, sampling, (), plan, tokenizer)

@@ -31,9 +31,11 @@ class ToolFormat:
 
 
 def check_tools(tools, param: str = "tools") -> list[dict]:
-    """OpenAI `tools`: function tools with a name; returns them unchanged."""
+    """OpenAI `tools`: function tools with a name, each its own; returns them unchanged.
+    (A name is honored as written, any string: calls are JSON, their names JSON strings.)"""
     if not isinstance(tools, list):
         raise invalid(param, "must be a list of tools")
+    seen: dict[str, int] = {}
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function":
             raise invalid(f"{param}[{i}].type", "only 'function' tools are supported")
@@ -46,7 +48,36 @@ def check_tools(tools, param: str = "tools") -> list[dict]:
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise invalid(f"{param}[{i}].function.parameters", "must be a JSON schema object")
+        if seen.setdefault(fn["name"], i) != i:  # (which one would a call of it mean?)
+            raise invalid(f"{param}[{i}]", f"{fn['name']!r} is also the name of "
+                                           f"{param}[{seen[fn['name']]}]: names are unique")
     return tools
+
+
+def check_answers(messages: list[dict], sources: list[str]) -> None:
+    """Tool calls and results pair up as OpenAI's and Anthropic's APIs require: the calls of
+    an assistant turn are each answered by a tool result right after it, before any other
+    message. A result that answers no such call, or a call left unanswered, is a 400 naming
+    the message (`sources`: where each message came from in the request): a template would
+    render either as written, and the model read a conversation that never happened."""
+    waiting: dict[str, str] = {}  # a call's id: where the turn that made it came from
+
+    def unanswered():
+        ids = ", ".join(repr(i) for i in waiting)
+        raise invalid(next(iter(waiting.values())), f"tool call {ids} has no result: each "
+                      "call is answered by a tool result right after the turn that makes it")
+
+    for m, src in zip(messages, sources, strict=True):
+        if m["role"] == "tool":
+            if waiting.pop(m.get("tool_call_id"), None) is None:
+                raise invalid(src, f"a tool result for call {m.get('tool_call_id')!r}, which "
+                                   "is not an unanswered call of the assistant turn before it")
+            continue
+        if waiting:
+            unanswered()
+        waiting = {c["id"]: src for c in m.get("tool_calls") or ()}
+    if waiting:
+        unanswered()
 
 
 def tool_format(tokenizer, param: str = "tools") -> ToolFormat:
