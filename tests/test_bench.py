@@ -5,6 +5,7 @@ Speed is never asserted (ARCHITECTURE.md): only structure and token counts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -231,3 +232,43 @@ def test_kv_scheme_against_native(tmp_path):
                                  kv_capacity_contexts=[0], kv_context=0, kv_budget="lots"))
     assert len(problems) == 5, problems
     assert "bench.target must be self" in problems[0]
+
+
+@pytest.mark.parametrize("args,shown", [
+    (["bench=kv", "kv=k8v4", "bench.kv_batches=[2]", "bench.kv_context=48",
+      "bench.kv_short_context=16", "bench.kv_budget=1GiB"], "kv: native vs k8v4"),
+    (["bench=spec", "draft=lookup", "bench.spec_workloads=[edit]", "bench.spec_batches=[1]",
+      "bench.spec_context=128"], "spec: none vs lookup"),
+])
+def test_in_process_benches_show_progress_on_a_terminal(tmp_path, args, shown):
+    """bench=kv and bench=spec ran minutes with no output at all (a walkthrough stopped one
+    as hung): on a terminal they draw a bar, as fleet and agents do; piped, nothing."""
+    import pty
+    import threading
+
+    cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "model.dtype=float32",
+           "bench.repeats=1", "bench.decode_tokens=4", *args]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    drawn = bytearray()
+
+    def drain():  # (a full pty would block the bench)
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 4096):
+                drawn.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    out = proc.communicate(timeout=300)[0].decode()
+    reader.join(timeout=10)
+    os.close(master)
+    assert proc.returncode == 0, drawn.decode(errors="replace")[-2000:]
+    assert shown in drawn.decode(errors="replace") and shown not in out
+    piped = _run_piped(cmd, tmp_path / "piped")
+    assert piped.returncode == 0 and shown not in piped.stderr + piped.stdout
+
+
+def _run_piped(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    cwd.mkdir()
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
