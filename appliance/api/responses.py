@@ -28,6 +28,7 @@ from appliance.api.requests import (
 )
 from appliance.api.schemas import Refused, no_effect
 from appliance.api.textgen import Done, Piece, generate
+from appliance.api.tools import message_tool_calls
 from appliance.api.toolstream import CallArgs, CallStart, ToolCall
 from appliance.engine import SamplingParams
 
@@ -113,8 +114,6 @@ def _content_text(content, param: str) -> str:
 
 def _messages(body: ResponsesRequest) -> tuple[list[dict], list[str]]:
     """The conversation in chat terms, and where each of its messages came from."""
-    from appliance.api.tools import message_tool_calls
-
     out: list[dict] = []
     sources: list[str] = []
     if body.instructions:
