@@ -339,6 +339,32 @@ def test_turboquant_hadamard_needs_a_power_of_two_head_and_mla_stays_native():
     assert "MLA latent" in problems[0] and "valid choices: kv=native" in problems[0]
 
 
+def test_a_model_or_cache_field_its_choice_does_not_read_is_refused():
+    """`model.path=...` without model=local planned (and served) the embedded model; a RAM
+    size with cache=ssd gave no RAM tier: each is refused, naming who reads it."""
+    for overrides, says in (
+            (["model.path=/some/model"], "model.path='/some/model' is not read by model=tiny; "
+                                         "it applies to model=local"),
+            (["model.repo=org/m"], "model.repo='org/m' is not read by model=tiny"),
+            (["model=synthetic", "model.revision=main"], "model.revision='main' is not read"),
+            (["model.bits=4"], "model.bits=4 is not read by model=tiny; it applies to "
+                               "model=synthetic"),
+            (["model.seed=3"], "model.seed=3 is not read"),
+            (["cache=none", "cache.ram.bytes=1GiB"], "cache.ram.bytes=1GiB is not read by "
+                                                     "cache=none; it applies to cache=ram|tiered"),
+            (["cache=ssd", "cache.ram.bytes=1GiB"], "cache.ram.bytes=1GiB is not read by "
+                                                    "cache=ssd"),
+            (["cache=ram", "cache.ssd.path=/tmp/x"], "cache.ssd.path=/tmp/x is not read by "
+                                                     "cache=ram; it applies to cache=ssd|tiered"),
+            (["batch=serial", "cache.ssd.bytes=5GiB"], "cache=auto (here none)")):
+        with pytest.raises(PlanError) as e:
+            resolve_overrides(overrides)
+        assert says in str(e.value), (overrides, str(e.value))
+    plan = resolve_overrides(["model=synthetic", "model.shape=tiny-llama", "model.seed=3",
+                              "cache=tiered", "cache.ram.bytes=1GiB", "cache.ssd.bytes=2GiB"])
+    assert (plan.cache.ram_bytes, plan.cache.ssd_bytes) == (2**30, 2**31)
+
+
 def test_a_kv_field_the_scheme_does_not_read_is_refused():
     for overrides, field in ((["kv.start=5"], "kv.start=5"),
                              (["kv=k8v4", "kv.rotation=orthogonal"], "kv.rotation=orthogonal"),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import _blas, _mlx_env
+from appliance.config.schema import RamTierConfig, SsdTierConfig
 from appliance.plan.derive import Shape, Workload, attention_threads, derive, machine_facts
 from appliance.plan.draft import resolve_draft
 from appliance.plan.errors import PlanError
@@ -37,6 +38,8 @@ from appliance.plan.source import (
     synthetic_dtype,
     weights_resident,
 )
+
+TIERS = {"ram": RamTierConfig, "ssd": SsdTierConfig}  # each tier's fields and unset values
 
 # uvicorn's log levels (it raises a KeyError at start-up on any other)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -115,19 +118,27 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         problems.append(f"batch.max_queue={b.max_queue} must be >= 0")
     ram_cap, ssd_cap = 0, 0  # ram_cap None: auto (derived below)
     for tier, kinds in (("ram", ("ram", "tiered")), ("ssd", ("ssd", "tiered"))):
-        if cache_kind in kinds:
-            if tier == "ram" and cfg.cache.ram.bytes == "auto":
-                ram_cap = None
-                continue
-            try:
-                size = parse_size(getattr(cfg.cache, tier).bytes)
-            except ValueError as e:
-                problems.append(f"cache.{tier}.bytes: {e}")
-                continue
-            if tier == "ram":
-                ram_cap = size
-            else:
-                ssd_cap = size
+        section = getattr(cfg.cache, tier)
+        if cache_kind not in kinds:  # a tier's field set without the tier: refused
+            for f, unset in vars(TIERS[tier]()).items():
+                if getattr(section, f) != unset:
+                    problems.append(f"cache.{tier}.{f}={getattr(section, f)} is not read by "
+                                    f"cache={cfg.cache.kind}" + ("" if cache_kind == cfg.cache.kind
+                                                               else f" (here {cache_kind})") +
+                                    f"; it applies to cache={'|'.join(kinds)}")
+            continue
+        if tier == "ram" and section.bytes == "auto":
+            ram_cap = None
+            continue
+        try:
+            size = parse_size(section.bytes)
+        except ValueError as e:
+            problems.append(f"cache.{tier}.bytes: {e}")
+            continue
+        if tier == "ram":
+            ram_cap = size
+        else:
+            ssd_cap = size
     kv_budget = None
     if b.kv_budget != "auto":
         try:

@@ -14,8 +14,22 @@ EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "embedded" / "tiny"
 SOURCES = ("tiny", "local", "hf", "synthetic")
 
 
+# The fields only some sources read, and their unset values: set for another source, a
+# field is refused, never ignored (model.path without model=local served the embedded model)
+READS = {"path": ("local",), "repo": ("hf",), "revision": ("hf",), "shape": ("synthetic",),
+         "bits": ("synthetic",), "seed": ("synthetic",)}
+UNSET = {"path": None, "repo": None, "revision": None, "shape": None, "bits": None, "seed": 0}
+
+
 def locate_model(m: Any, problems: list[str]) -> tuple[Path | None, str]:
     """The local directory holding config.json and weights, and the served id."""
+    unread = [f for f, sources in READS.items()
+              if m.source not in sources and getattr(m, f) != UNSET[f]]
+    for f in unread:
+        problems.append(f"model.{f}={getattr(m, f)!r} is not read by model={m.source}; it "
+                        f"applies to model={'|'.join(READS[f])}")
+    if unread:
+        return None, ""
     if m.source == "tiny":
         return EMBEDDED_MODEL, m.name or "appliance-tiny"
     if m.source == "local":
