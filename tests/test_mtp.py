@@ -163,3 +163,31 @@ def test_draft_model_shares_tokenizer(target):
     size = sum(v.size for _, v in tree_flatten(draft.parameters()))
     assert size < 0.4 * sum(v.size for _, v in tree_flatten(model.parameters()))
     assert len(draft.layers) < len(model.layers)
+
+
+def test_the_lr_schedule_warms_up_where_there_are_steps_to_and_short_runs_train():
+    """`train --steps 5` (or --warmup 0) died: MLX's linear_schedule refuses 0 warm-up steps.
+    The shipped runs' schedule is unchanged: warm-up to lr, cosine to a tenth of it."""
+    from types import SimpleNamespace
+
+    full = base_train.lr_schedule(SimpleNamespace(steps=800, warmup=50, lr=2e-3))
+    assert float(full(mx.array(0))) == 0.0 and float(full(mx.array(50))) == pytest.approx(2e-3)
+    assert float(full(mx.array(800))) == pytest.approx(2e-4)
+    for steps, warmup in ((5, 50), (100, 0)):
+        short = base_train.lr_schedule(SimpleNamespace(steps=steps, warmup=warmup, lr=2e-3))
+        assert float(short(mx.array(0))) == pytest.approx(2e-3)
+        assert float(short(mx.array(steps))) == pytest.approx(2e-4)
+
+
+def test_train_spec_mtp_reports_the_file_it_saved(tmp_path):
+    """`train_spec mtp --out X` (no suffix): MLX writes X.safetensors, and the script then
+    died on X after the whole training run (23 minutes at the default steps)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "appliance.embedded.train_spec", "mtp",
+                        "--steps", "1", "--batch", "1", "--seq", "64", "--out",
+                        str(tmp_path / "head")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"saved {tmp_path / 'head.safetensors'} (" in r.stdout
+    assert (tmp_path / "head.safetensors").stat().st_size > 0

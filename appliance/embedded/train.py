@@ -199,6 +199,17 @@ def save(out, tok, model, args):
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
+def lr_schedule(args):
+    """Linear warm-up (at most a tenth of the steps), then cosine decay to a tenth of lr.
+    Without warm-up steps (--warmup 0, or fewer than 10 steps) the decay alone: MLX's
+    linear_schedule refuses 0 steps."""
+    warmup = min(args.warmup, args.steps // 10)
+    decay = optim.cosine_decay(args.lr, args.steps - warmup, end=args.lr * 0.1)
+    if warmup == 0:
+        return decay
+    return optim.join_schedules([optim.linear_schedule(0.0, args.lr, warmup), decay], [warmup])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=800)
@@ -235,11 +246,7 @@ def main(argv=None):
     print(f"model: qwen3 {nparams:,} params; {args.steps} steps x {tokens_per_step} tokens "
           f"= {args.steps * tokens_per_step / len(train_stream):.2f} epochs")
 
-    warmup = min(args.warmup, args.steps // 10)
-    schedule = optim.join_schedules(
-        [optim.linear_schedule(0.0, args.lr, warmup),
-         optim.cosine_decay(args.lr, args.steps - warmup, end=args.lr * 0.1)],
-        [warmup])
+    schedule = lr_schedule(args)
     opt = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=0.1)
     state = [model.state, opt.state]
 

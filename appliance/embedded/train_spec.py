@@ -75,17 +75,9 @@ def load_target(path=TINY):
     return model
 
 
-def schedule_for(args):
-    warmup = min(args.warmup, args.steps // 10)
-    return optim.join_schedules(
-        [optim.linear_schedule(0.0, args.lr, warmup),
-         optim.cosine_decay(args.lr, args.steps - warmup, end=args.lr * 0.1)],
-        [warmup])
-
-
 def train_loop(params_owner, loss_fn, batches, args, log_every=25):
     """AdamW + clip + compiled step over `params_owner`'s trainable parameters."""
-    schedule = schedule_for(args)
+    schedule = base.lr_schedule(args)
     opt = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=0.1)
     state = [params_owner.state, opt.state]
 
@@ -183,7 +175,9 @@ def train_mtp(args):
     print(f"train loss (last 50) {np.mean(recent[-50:]):.4f}; held-out loss {held[0]:.4f} "
           f"acc(t+2) {held[1]:.4f} agree(target greedy t+2) {held[2]:.4f}; "
           f"training {train_time:.0f}s", flush=True)
-    out = args.out or TINY / "mtp.safetensors"
+    out = Path(args.out or TINY / "mtp.safetensors")
+    if out.suffix != ".safetensors":  # the name MLX gives the file it writes
+        out = out.with_name(out.name + ".safetensors")
     weights = {"mtp." + k: v.astype(mx.bfloat16) for k, v in tree_flatten(head.parameters())}
     mx.save_safetensors(str(out), weights, metadata={"format": "mlx"})
     print(f"saved {out} ({out.stat().st_size:,} bytes); total {time.perf_counter() - t0:.0f}s")

@@ -322,11 +322,11 @@ def attention_threads(setting: int | None, backend: str, cores: int,
                            f"heads (attention splits by kv head); valid choices: auto, "
                            f"1..{heads}")
         return setting, (f"attention_threads={setting} (set): decode steps and prefill chunks "
-                         "of 256+ tokens; encoded KV layers keep their codec's one-thread "
+                         "of 128+ tokens; encoded KV layers keep their codec's one-thread "
                          "kernel"), None
     n = max(1, min(cores, heads))
     return n, (f"attention_threads={n}: MLX's CPU ops run on one thread each, BLAS alone on "
-               f"every core; attention (decode steps, prefill chunks of 256+ tokens) split "
+               f"every core; attention (decode steps, prefill chunks of 128+ tokens) split "
                f"by kv head runs on min({cores} cores, {heads} kv heads) at once, bit-exact "
                "(measured on a 2-core EPYC: a B=16 step over 2.5k-token rows 56-75 ms on one "
                "thread, 35 ms on two); encoded KV layers keep their codec's one-thread kernel"
