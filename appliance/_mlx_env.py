@@ -54,6 +54,7 @@ SET_HERE = tuple(k for k in DEFAULTS if k not in os.environ)
 FLAGS = "-mavx2 -mfma -ffp-contract=off -fno-trapping-math --param max-inline-insns-auto=300"
 #: The directory of the `g++` front on PATH, or None where MLX's JIT runs as it is.
 JIT: str | None = None
+PROBLEM: str | None = None  # a bad APPLIANCE_JIT_FRONT: every plan names it (resolve.py)
 _TMPDIR: str | None = None  # the user's TMPDIR, set aside while the front is on
 
 
@@ -105,13 +106,14 @@ def _own_tmpdir(front: str) -> bool:
 
 
 def apply() -> None:
-    global JIT
+    global JIT, PROBLEM
     for key in SET_HERE:
         os.environ[key] = DEFAULTS[key]
     front = os.environ.get("APPLIANCE_JIT_FRONT", "1")
-    if front not in ("0", "1"):
-        raise ValueError(f"APPLIANCE_JIT_FRONT={front!r}: valid choices: 0 (MLX's JIT as it "
-                         "is), 1 (the default: the g++ front where the CPU has FMA)")
+    if front not in ("0", "1"):  # (a plan error, not a traceback at import)
+        PROBLEM = (f"APPLIANCE_JIT_FRONT={front!r}: valid choices: 0 (MLX's JIT as it is), 1 "
+                   "(the default: the g++ front where the CPU has FMA)")
+        return
     if JIT is None and front == "1":
         JIT = _jit_front()
         if JIT is not None:

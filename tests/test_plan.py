@@ -133,8 +133,8 @@ def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
     (adding -mavx2 -mfma -ffp-contract=off and what vectorizes exp) first on PATH for MLX's
     CPU JIT, with a TMPDIR of its own for MLX's kernel cache (shared by its children); a
     peer server runs without either; APPLIANCE_JIT_FRONT=0 leaves PATH alone, and a value
-    other than 0 or 1 is refused, named. A kernel the front compiles gives mx.exp's bits,
-    over exp's whole range and past it."""
+    other than 0 or 1 is refused, named, by every plan. A kernel the front compiles gives
+    mx.exp's bits, over exp's whole range and past it."""
     import os
     import shutil
     import subprocess
@@ -168,9 +168,12 @@ def test_mlx_jit_gets_fma_where_the_cpu_has_it(tmp_path):
     off = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                          text=True, env={**env, "APPLIANCE_JIT_FRONT": "0"}).stdout.split()
     assert off[0] == "None" and off[1] != str(front.parent)
-    bad = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+    # a bad value: a plan error (CLI exit 2, one line), not a traceback at import
+    bad = subprocess.run([sys.executable, "-m", "appliance.cli", "mode=plan"],
+                         capture_output=True, text=True, cwd=tmp_path,
                          env={**env, "APPLIANCE_JIT_FRONT": "off"})
-    assert bad.returncode != 0 and "APPLIANCE_JIT_FRONT='off': valid choices: 0" in bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "- APPLIANCE_JIT_FRONT='off': valid choices: 0" in bad.stderr
     # the front compiles a kernel (MLX's cache in the front's own directory) to exp's bits
     kernel = ("import appliance, mlx.core as mx; "
               "x = mx.concatenate([mx.random.normal((100000,)) * 30, "

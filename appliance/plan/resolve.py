@@ -81,7 +81,7 @@ def _auto_int(problems: list[str], field: str, value: Any, least: int = 1) -> in
 
 def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     """Turn a composed config (DictConfig or equivalent attribute tree) into a plan."""
-    problems: list[str] = []
+    problems: list[str] = [_mlx_env.PROBLEM] if _mlx_env.PROBLEM else []
     notes: list[str] = []
     m, srv, mach = cfg.model, cfg.server, cfg.machine
     from omegaconf import DictConfig
