@@ -237,3 +237,17 @@ def test_a_quantized_model_held_dense_serves_mlx_lms_tokens_on_those_weights():
             r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
             assert r.status_code == 200, r.text
             assert r.json()["choices"][0]["text"] == want
+
+
+def test_the_plan_says_where_stated_machine_facts_come_from():
+    """Machine facts stated for another machine: from a profile, named as such; from
+    machine.* settings, not called a profile ('auto', 'h200' were), and a memory taken from
+    this machine said so (the plan mixed a data-sheet H200 with this box's memory silently)."""
+    from conftest import resolve_overrides
+
+    (note,) = [n for n in resolve_overrides(["+profile=m4-pro"]).notes if "facts" in n]
+    assert note.startswith("machine facts come from profile 'm4-pro' (Apple M4 Pro); MLX")
+    plan = resolve_overrides(["machine.name=h200", "machine.chip=NVIDIA H200"])
+    (note,) = [n for n in plan.notes if "facts" in n]
+    assert "from the machine.* settings (NVIDIA H200; memory: this machine's" in note
+    assert "profile" not in note

@@ -204,7 +204,10 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         problems.append(f"machine.backend={mach.backend!r} but MLX here runs on {here.backend!r}; "
                         f"valid choices on this machine: auto, {here.backend}")
     if mach.chip and mach.chip != here.chip:
-        notes.append(f"machine facts come from profile {mach.name!r} ({mach.chip}); "
+        stated = f"profile {mach.name!r}" if mach.name in profiles else "the machine.* settings"
+        memory = "" if mach.memory_gb else \
+            f"; memory: this machine's {here.memory_bytes / GiB:.1f} GiB"
+        notes.append(f"machine facts come from {stated} ({mach.chip}{memory}); "
                      f"MLX actually runs on {here.backend} ({here.chip})")
     if problems or info is None:
         raise PlanError(problems or ["model: could not be inspected"])
