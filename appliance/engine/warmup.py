@@ -104,5 +104,5 @@ def warm_up(scheduler, requests: list[GenerationRequest]) -> float:
     if bad:
         raise RuntimeError(f"the start-up warm-up failed: {bad[0]}")
     seconds = time.perf_counter() - t0
-    log.info("warm-up: %d rows, %.1f s", len(rows), seconds)
+    log.info("warm-up: %d requests, %.1f s", len(rows), seconds)
     return seconds

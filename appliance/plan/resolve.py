@@ -348,8 +348,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
                         "weights and activations; lower server.max_context")
     elif kv_budget is not None and left < 0 and kv_budget > (usable - fixed - ram_cap) // 2:
         problems.append(f"batch.kv_budget={b.kv_budget} is more than the "
-                        f"{max(0, usable - fixed - ram_cap) // 2:,} bytes left (with its copies) "
-                        "after the weights, activations and the RAM tier; lower it or use auto")
+                        f"{max(0, usable - fixed - ram_cap) / 2 / GiB:.2f} GiB left (with its "
+                        "copies) after the weights, activations and the RAM tier; lower it or "
+                        "use auto")
     elif left < 0 and cfg.cache.ram.bytes != "auto" and cache_kind in ("ram", "tiered"):
         problems.append(f"cache.ram.bytes={cfg.cache.ram.bytes} is more than the "
                         f"{(usable - fixed - 2 * d.kv_budget) / GiB:.2f} GiB left after the "
