@@ -252,6 +252,18 @@ def test_a_results_turn_answers_parallel_uses_in_any_order_then_text(claude, pla
         {"role": "user", "content": [_result("u2"), _result("u1"),
                                      {"type": "text", "text": "and?"}]}])
     assert m.usage.input_tokens > 0
+    # consecutive assistant messages are one turn (Anthropic merges them), and a block as
+    # the SDK's model_dump() echoes it carries caller / toolset_name, null
+    m = claude.messages.create(model=plan.model.id, max_tokens=2, tools=TOOLS, messages=[
+        *MSGS, {"role": "assistant", "content": [_use("u1", caller=None, toolset_name=None)]},
+        {"role": "assistant", "content": "checking"},
+        {"role": "user", "content": [{**_result("u1"), "toolset_name": None}]}])
+    assert m.usage.input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[1\].content\[0\].caller"):
+        claude.messages.create(model=plan.model.id, max_tokens=2, tools=TOOLS, messages=[
+            *MSGS, {"role": "assistant", "content": [
+                _use("u1", caller={"type": "code_execution_20250825", "tool_id": "x"})]},
+            {"role": "user", "content": [_result("u1")]}])
 
 
 def _refused():

@@ -144,6 +144,7 @@ ASK = {"role": "user", "content": Q}
     ([ASK, _call("c1"), ASK], "input[1]"),
     ([ASK, _call("c1"), {"type": "function_call_output", "output": "x"}], "input[2].call_id"),
     ([ASK, {"type": "function_call", "call_id": "c1", "arguments": "{}"}], "input[1].name"),
+    ([ASK, _call("c1", namespace="tools"), _output("c1")], "input[1].namespace"),
 ])
 def test_function_calls_and_outputs_pair_up(server, plan, items, param):
     r = httpx.post(f"{server}/v1/responses", json={
@@ -153,8 +154,13 @@ def test_function_calls_and_outputs_pair_up(server, plan, items, param):
 
 
 def test_outputs_follow_their_calls_interleaved_or_in_parallel(client, plan):
+    said = {"type": "message", "role": "assistant", "phase": "commentary",
+            "content": [{"type": "output_text", "text": "checking", "annotations": []}]}
     for items in ([ASK, _call("c1"), _output("c1"), _call("c2"), _output("c2")],
-                  [ASK, _call("c1"), _call("c2"), _output("c2"), _output("c1")]):
+                  [ASK, _call("c1"), _call("c2"), _output("c2"), _output("c1")],
+                  # a message of the same turn between, and the SDK's nulls for a call
+                  [ASK, _call("c1", caller=None, namespace=None, **{"async": None}), said,
+                   _output("c1")]):
         r = client.responses.create(model=plan.model.id, input=items, tools=TOOLS,
                                     max_output_tokens=3)
         assert r.usage.input_tokens > 0

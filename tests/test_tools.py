@@ -485,6 +485,8 @@ def _result(i):
     ([*MSGS, _calls("c1")], "messages[1]", "tool call 'c1' has no result"),
     ([*MSGS, _calls("c1"), _result("c1"), {"role": "assistant", "content": "3"},
       _result("c1")], "messages[4]", "'c1', which is not an unanswered call"),
+    ([*MSGS, _calls("c1", "c1"), _result("c1"), _result("c1")], "messages[1]",
+     "tool call id 'c1' is used twice in one turn"),
 ])
 def test_tool_results_and_calls_pair_up_as_openai_requires(server, plan, messages, param,
                                                            says):

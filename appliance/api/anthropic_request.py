@@ -78,6 +78,11 @@ BLOCK_KEYS = {"text": ("type", "text", "cache_control", "citations"),
               "tool_result": ("type", "tool_use_id", "content", "is_error", "cache_control")}
 
 
+# Fields the SDK writes when it echoes a block back (`model_dump()`): taken where they ask for
+# nothing, a call the model made itself (no toolset, no code-execution caller)
+INERT = {"caller": (None, {"type": "direct"}), "toolset_name": (None,)}
+
+
 def _text(blocks, param: str) -> str:
     if isinstance(blocks, str):
         return blocks
@@ -119,7 +124,7 @@ def _messages(body: MessagesRequest) -> tuple[list[dict], list[str]]:
             kind = b.get("type") if isinstance(b, dict) else None
             where = f"messages[{i}].content[{j}]"
             if kind in BLOCK_KEYS:
-                only_known(b, BLOCK_KEYS[kind], where)
+                only_known(b, BLOCK_KEYS[kind], where, INERT)
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
             elif kind == "tool_use" and role == "assistant":

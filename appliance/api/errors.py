@@ -79,12 +79,15 @@ async def typed(request: Request, kind: type) -> None:
                        f"{message}", param=param, code="invalid_type") from None
 
 
-def only_known(obj: dict, known: tuple[str, ...], param: str) -> None:
+def only_known(obj: dict, known: tuple[str, ...], param: str,
+               inert: dict[str, tuple] | None = None) -> None:
     """A 400 naming the first key of the request object `obj` (at `param`) that this server
-    does not read: nested fields are never accepted and ignored either."""
+    does not read: nested fields are never accepted and ignored either. `inert`: keys taken
+    only with the values that ask for nothing (the null an SDK writes for a field it knows)."""
     for key in obj:
-        if key not in known:
-            raise invalid(f"{param}.{key}", f"is not supported (supported: {', '.join(known)})")
+        if key not in known and obj[key] not in (inert or {}).get(key, ()):
+            raise invalid(f"{param}.{key}", f"is not supported (supported: {', '.join(known)}"
+                          + (f"; {', '.join(inert)} as null" if inert else "") + ")")
 
 
 def _respond(err: APIError) -> Response:

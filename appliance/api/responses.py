@@ -89,11 +89,16 @@ REFUSED = {"previous_response_id": "this server stores no responses; send the co
 
 
 # What each input item may carry: an agent sends the API's own output items back, so their
-# ids, statuses and annotations are accepted (they describe that output, nothing to honor).
+# ids, statuses, phases and annotations are accepted (they describe that output, nothing to honor).
 PART_KEYS = ("type", "text", "annotations", "logprobs")
-ITEM_KEYS = {"message": ("type", "role", "content", "id", "status"),
+ITEM_KEYS = {"message": ("type", "role", "content", "id", "status", "phase"),
              "function_call": ("type", "call_id", "name", "arguments", "id", "status"),
              "function_call_output": ("type", "call_id", "output", "id", "status")}
+
+
+# What the SDK writes for a call's fields it knows, where they ask for nothing: a call the
+# model made itself, in no namespace, not run asynchronously
+INERT = {"caller": (None, {"type": "direct"}), "namespace": (None,), "async": (None, False)}
 
 
 def _content_text(content, param: str) -> str:
@@ -124,7 +129,7 @@ def _messages(body: ResponsesRequest) -> tuple[list[dict], list[str]]:
     for i, item in enumerate(body.input):
         kind = item.get("type", "message")
         if kind in ITEM_KEYS:
-            only_known(item, ITEM_KEYS[kind], f"input[{i}]")
+            only_known(item, ITEM_KEYS[kind], f"input[{i}]", INERT)
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):

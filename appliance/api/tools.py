@@ -56,26 +56,37 @@ def check_tools(tools, param: str = "tools") -> list[dict]:
 
 def check_answers(messages: list[dict], sources: list[str]) -> None:
     """Tool calls and results pair up as OpenAI's and Anthropic's APIs require: the calls of
-    an assistant turn are each answered by a tool result right after it, before any other
-    message. A result that answers no such call, or a call left unanswered, is a 400 naming
-    the message (`sources`: where each message came from in the request): a template would
-    render either as written, and the model read a conversation that never happened."""
+    an assistant turn are each answered by a tool result after it, before the next turn.
+    Consecutive messages of one role are one turn, as Anthropic merges them (and Responses
+    items are a turn's parts). A result that answers no such call, or a call left
+    unanswered, is a 400 naming the message (`sources`: where each message came from in the
+    request): a template would render either as written, and the model read a conversation
+    that never happened."""
     waiting: dict[str, str] = {}  # a call's id: where the turn that made it came from
+    role = None
 
     def unanswered():
         ids = ", ".join(repr(i) for i in waiting)
         raise invalid(next(iter(waiting.values())), f"tool call {ids} has no result: each "
-                      "call is answered by a tool result right after the turn that makes it")
+                      "call is answered by a tool result after the turn that makes it, "
+                      "before the next turn")
 
     for m, src in zip(messages, sources, strict=True):
         if m["role"] == "tool":
             if waiting.pop(m.get("tool_call_id"), None) is None:
                 raise invalid(src, f"a tool result for call {m.get('tool_call_id')!r}, which "
                                    "is not an unanswered call of the assistant turn before it")
+            role = "tool"
             continue
-        if waiting:
-            unanswered()
-        waiting = {c["id"]: src for c in m.get("tool_calls") or ()}
+        if m["role"] != role:  # a new turn
+            if waiting:
+                unanswered()
+            role = m["role"]
+        for c in m.get("tool_calls") or ():
+            if c["id"] in waiting:  # (its results could not say which call they answer)
+                raise invalid(src, f"tool call id {c['id']!r} is used twice in one turn: "
+                                   "each call needs an id of its own")
+            waiting[c["id"]] = src
     if waiting:
         unanswered()
 
