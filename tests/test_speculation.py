@@ -1035,6 +1035,13 @@ def test_the_plan_refuses_what_it_cannot_serve_naming_the_choices(tmp_path):
     assert any("valid choices: batch=continuous" in q for q in problems)
     assert any("draft.k=0 must be in 1..16" in q for q in problems)
     assert any("draft.head is not read by draft=lookup" in q for q in problems)
+    # draft=model's source fields: a path without draft.source=local served the embedded draft
+    problems = _problems(["draft=model", "draft.path=/no/such/draft"])
+    assert problems == ["draft.path='/no/such/draft' is not read by draft.source=embedded; it "
+                        "applies to draft.source=local"]
+    problems = _problems(["draft=model", "draft.source=local", f"draft.path={other}",
+                          "draft.revision=v1"])
+    assert any("draft.revision='v1' is not read by draft.source=local" in q for q in problems)
 
 
 def test_the_plan_counts_the_draft_in_memory_and_fingerprints_its_content():

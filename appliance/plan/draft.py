@@ -23,6 +23,9 @@ DEFAULTS = {"k": 0, "adaptive": True, "ngram_min": None, "ngram_max": None, "sou
 READS = {"none": (), "lookup": ("k", "adaptive", "ngram_min", "ngram_max"),
          "model": ("k", "adaptive", "source", "path", "repo", "revision"),
          "mtp": ("k", "adaptive", "head")}
+# draft=model's fields each source reads (draft.path without draft.source=local served the
+# embedded draft)
+SOURCE_READS = {"path": ("local",), "repo": ("hf",), "revision": ("hf",)}
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,13 @@ def _draft_dir(d: Any, problems: list[str]) -> Path | None:
     if src not in SOURCES:
         problems.append(f"draft.source={src!r} is not an option; valid choices: "
                         f"{', '.join(SOURCES)}")
+        return None
+    unread = [f for f, sources in SOURCE_READS.items()
+              if src not in sources and getattr(d, f) != DEFAULTS[f]]
+    for f in unread:
+        problems.append(f"draft.{f}={getattr(d, f)!r} is not read by draft.source={src}; it "
+                        f"applies to draft.source={'|'.join(SOURCE_READS[f])}")
+    if unread:
         return None
     if src == "embedded":
         p = EMBEDDED_DRAFT
