@@ -176,7 +176,8 @@ def test_ctrl_c_stops_the_server(tmp_path, target, sig):
     port is free, its SSD directory is removed, and the bench exits 130 (143), as a shell
     reports a process that signal ended."""
     cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "bench=agents", *CPU,
-           "cache=tiered", f"bench.target={target}", "bench.anchor=none", "bench.agents=2",
+           *(["cache=tiered"] if target == "self" else []),  # (mlx_lm.server has no tiers)
+           f"bench.target={target}", "bench.anchor=none", "bench.agents=2",
            "bench.turns=3", "bench.think_s=30", "bench.max_tokens=32",
            "bench.system_tokens=64", "bench.tool_tokens=32", "bench.warmup=0"]
     # (long by its agents' pauses: a workload past the context is refused before it runs)

@@ -224,6 +224,51 @@ def test_cli_refuses_a_bench_field_the_workload_does_not_read(tmp_path):
         "bench.kv_batches=[8]: bench=agents does not read it")
 
 
+def test_a_plan_setting_a_bench_does_not_pass_on_is_refused(tmp_path):
+    """A bench starts its own servers (or engine, or talks to another server): a plan setting
+    that does not reach what it measures is refused with the reason, never dropped (bench=kv
+    took batch=serial and draft=lookup, bench=prefix cache=none, target=mlx_lm kv=k8v4, and
+    server.api_key crashed the bench once its server was up)."""
+    r = _cli("mode=bench", "server.api_key=k", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "server.api_key=k: not used with bench=fleet bench.target=self: a bench serves on" \
+        in r.stderr
+    r = _cli("mode=tune", "bench.target=mlx_lm", cwd=tmp_path)  # it would search knobs
+    assert r.returncode == 2 and "so it measures the appliance (bench.target=self)" in r.stderr
+    from appliance.bench import check
+
+    class Cfg(dict):
+        __getattr__ = dict.get
+
+    from appliance.config.schema import BenchConfig
+
+    def refused(workload, target, overrides):
+        cfg = Cfg(BenchConfig().__dict__, workload=workload, target=target)
+        return " ".join(check(cfg, overrides))
+
+    assert "batch=serial draft=lookup cache=ram: not used with bench=kv" in refused(
+        "kv", "self", ["kv=k8v4", "batch=serial", "draft=lookup", "cache=ram",
+                       "batch.prefill_chunk=64", "batch.kv_budget=1GiB"])
+    assert "batch.max_rows=2 cache.ram.bytes=1GiB: not used with bench=spec" in refused(
+        "spec", "self", ["draft=lookup", "batch.max_rows=2", "cache.ram.bytes=1GiB"])
+    assert "cache=none server.max_context=512: not used with bench=prefix" in refused(
+        "prefix", "self", ["cache=none", "server.max_context=512", "cache.ssd.bytes=1GiB"])
+    assert "kv=k8v4 batch.kv_budget=1GiB: not used with bench=fleet bench.target=mlx_lm" in \
+        refused("fleet", "mlx_lm", ["kv=k8v4", "batch.max_rows=4", "batch.prefill_chunk=512",
+                                    "batch.kv_budget=1GiB"])
+    assert "batch.prefill_chunk=512: not used" in refused(
+        "agents", "mlx_lm", ["batch.max_rows=4", "batch.prefill_chunk=512"])
+    assert "batch.max_rows=4: not used" in refused("fleet", "http://127.0.0.1:1",
+                                                   ["model.dtype=float32", "batch.max_rows=4"])
+    # what each passes on stays allowed
+    for workload, target, overrides in (
+            ("kv", "self", ["kv=k8v4", "batch.prefill_chunk=64", "model.dtype=float32"]),
+            ("spec", "self", ["draft=mtp", "kv=turboquant", "batch.compile_step=true"]),
+            ("agents", "self", ["cache=tiered", "batch.max_rows=4", "server.max_context=8192"]),
+            ("fleet", "mlx_lm", ["batch.max_rows=4", "batch.prefill_chunk=512"])):
+        assert refused(workload, target, overrides) == "", (workload, target)
+
+
 def test_cli_multirun_prints_one_plan_per_cell(tmp_path):
     r = _cli("-m", "mode=plan", "model.dtype=float32,bfloat16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

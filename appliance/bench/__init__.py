@@ -71,10 +71,68 @@ def unread(workload: str, overrides) -> list[str]:
     return out
 
 
+# Plan settings a bench does not pass on (`key` exact, `key.*` its fields), by why: set on the
+# command line, each is refused with the reason, never dropped.
+_SERVED = ("server.host", "server.port", "server.log_level", "server.api_key",
+           "server.allow_unauthenticated", "server.default_max_tokens",
+           "server.default_temperature", "server.default_top_p")
+_ENGINE_ONLY = ("batch", "batch.max_rows", "batch.prefill_rows", "batch.max_queue", "cache",
+                "cache.*", "server.*")
+_MLX_LM = ("kv", "kv.*", "draft", "draft.*", "cache", "cache.*", "batch", "batch.kv_budget",
+           "batch.prefill_rows", "batch.max_queue", "batch.attention_threads",
+           "batch.compile_step", "server.*")
+_ALL_BUT_MODEL = ("kv", "kv.*", "draft", "draft.*", "cache", "cache.*", "batch", "batch.*",
+                  "server.*")
+
+
+def _not_passed_on(workload: str, kind: str) -> list[tuple[tuple[str, ...], str]]:
+    rules = [(_SERVED, "a bench serves on a free loopback port of its own, with no key, and "
+                       "its requests set their own generation settings")]
+    if workload == "kv":
+        rules.append(((*_ENGINE_ONLY, "draft", "draft.*"), "bench=kv runs the engine "
+                      "in-process: rows from bench.kv_batches, no prefix cache, drafter or "
+                      "server"))
+    if workload == "spec":
+        rules.append((_ENGINE_ONLY, "bench=spec runs the engine in-process: rows from "
+                                    "bench.spec_batches, no prefix cache or server"))
+    if workload == "prefix":
+        rules.append((("cache", "cache.ssd.path", "server.max_context"), "bench=prefix sets "
+                      "them itself, a tiered cache in a fresh directory and a context per length"))
+    if kind == "mlx_lm" and workload == "decode":
+        rules.append((_ALL_BUT_MODEL, "bench=decode with mlx_lm runs mlx-lm's own generation "
+                                      "in-process: the model alone"))
+    elif kind == "mlx_lm":
+        extra = ("batch.prefill_chunk",) if workload == "agents" else ()
+        passed = "batch.max_rows" + ("" if extra else " and batch.prefill_chunk")
+        rules.append(((*_MLX_LM, *extra), f"mlx_lm.server gets the model and {passed} only"))
+    if kind == "url":
+        rules.append((_ALL_BUT_MODEL, "a server at a URL runs its own configuration"))
+    return rules
+
+
+def unpassed(cfg, overrides) -> list[str]:
+    """A problem for each plan setting on the command line that this bench does not pass on
+    to what it measures (each named once, with the first reason that holds)."""
+    problems, named = [], set()
+    for keys, why in _not_passed_on(cfg.workload, _target_kind(str(cfg.target))):
+        given = [o for o in map(str, overrides) if o not in named
+                 and _matches(o.lstrip("+~").split("=", 1)[0], keys)]
+        named.update(given)
+        if given:
+            problems.append(f"{' '.join(given)}: not used with bench={cfg.workload} "
+                            f"bench.target={cfg.target}: {why}; drop "
+                            f"{'it' if len(given) == 1 else 'them'}")
+    return problems
+
+
+def _matches(key: str, keys: tuple[str, ...]) -> bool:
+    return any(k == key or (k.endswith(".*") and key.startswith(k[:-1])) for k in keys)
+
+
 def check(cfg, overrides=()) -> list[str]:
     """Every problem with these bench settings, one sentence each (empty: runnable);
     `overrides`: the command line, whose bench fields the workload must read."""
-    problems = []
+    problems = unpassed(cfg, overrides)
     if cfg.workload in READS and (bad := unread(cfg.workload, overrides)):
         problems.append(f"{' '.join(bad)}: bench={cfg.workload} does not read "
                         f"{'it' if len(bad) == 1 else 'them'}; it reads "

@@ -47,6 +47,9 @@ def check(cfg, task: list[str], trial: bool) -> list[str]:
     chose = any(_key(o) == "bench" for o in task)  # else launch() adds bench=agents
     if cfg.bench.workload != "agents" and (trial or chose):
         problems.append(f"mode=tune measures bench=agents, not bench={cfg.bench.workload}")
+    if str(cfg.bench.target) != "self":  # (another server never sees the knobs it searches)
+        problems.append(f"bench.target={cfg.bench.target}: mode=tune searches this "
+                        "appliance's knobs, so it measures the appliance (bench.target=self)")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(t.profile)):
         problems.append(f"tune.profile={t.profile!r}: a file name (letters, digits, _ . -)")
     elif (Path(t.profiles_dir).resolve() != profiles_dir().resolve()
