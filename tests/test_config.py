@@ -260,12 +260,16 @@ def test_a_plan_setting_a_bench_does_not_pass_on_is_refused(tmp_path):
         "agents", "mlx_lm", ["batch.max_rows=4", "batch.prefill_chunk=512"])
     assert "batch.max_rows=4: not used" in refused("fleet", "http://127.0.0.1:1",
                                                    ["model.dtype=float32", "batch.max_rows=4"])
+    assert "bench.mlx_lm_args=--x: no mlx_lm.server runs in bench=decode" in refused(
+        "decode", "self", ["bench.mlx_lm_args=--x"])
     # what each passes on stays allowed
     for workload, target, overrides in (
             ("kv", "self", ["kv=k8v4", "batch.prefill_chunk=64", "model.dtype=float32"]),
             ("spec", "self", ["draft=mtp", "kv=turboquant", "batch.compile_step=true"]),
             ("agents", "self", ["cache=tiered", "batch.max_rows=4", "server.max_context=8192"]),
-            ("fleet", "mlx_lm", ["batch.max_rows=4", "batch.prefill_chunk=512"])):
+            ("fleet", "mlx_lm", ["batch.max_rows=4", "batch.prefill_chunk=512",
+                                 "bench.mlx_lm_args=--x"]),
+            ("agents", "self", ["bench.mlx_lm_args=--x"])):
         assert refused(workload, target, overrides) == "", (workload, target)
 
 

@@ -142,6 +142,12 @@ def check(cfg, overrides=()) -> list[str]:
         problems.append(f"bench.workload={cfg.workload!r} is not supported; valid choices: "
                         f"{', '.join(WORKLOADS)}")
     kind = _target_kind(str(cfg.target))
+    args = [str(o) for o in overrides if str(o).split("=", 1)[0] == "bench.mlx_lm_args"]
+    if args and not ((kind == "mlx_lm" and cfg.workload in ("fleet", "agents"))
+                     or (cfg.workload == "agents" and cfg.anchor == "mlx_lm")):
+        problems.append(f"{args[0]}: no mlx_lm.server runs in bench={cfg.workload} "
+                        f"bench.target={cfg.target}" + (" bench.anchor=none" if
+                                                        cfg.workload == "agents" else ""))
     if not kind:
         problems.append(f"bench.target={cfg.target!r} is not supported; valid choices: self, "
                         "mlx_lm, or a server URL (http://host:port)")
