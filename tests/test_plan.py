@@ -377,3 +377,15 @@ def test_a_kv_field_the_scheme_does_not_read_is_refused():
     rows = resolve_overrides(["kv=turboquant", "kv.rotation=orthogonal"])
     assert set(rows.memory.rows_at_max_context) == {"native", "affine8", "k8v4", "affine4",
                                                      "turboquant"}
+
+
+def test_compile_step_where_the_step_cannot_be_compiled_is_refused():
+    """It was a note while the plan still said compile_step: true and the step ran
+    uncompiled: accepted and dropped."""
+    for overrides, says in ((["kv=k8v4"], "kv=affine attends over codes"),
+                            (["batch=serial", "batch.max_rows=1"], "batch=serial decodes"),
+                            (["draft=mtp"], "draft=mtp reads hidden states")):
+        with pytest.raises(PlanError) as e:
+            resolve_overrides(["batch.compile_step=true", *overrides])
+        assert says in str(e.value) and "valid choices: batch.compile_step=false" in str(e.value)
+    assert resolve_overrides(["batch.compile_step=true"]).batch.compile_step

@@ -313,10 +313,11 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
             (cfg.kv.scheme != "native", f"kv={cfg.kv.scheme} attends over codes"),
             (draft.kind == "mtp", "draft=mtp reads hidden states the traced step does not keep"),
         ) if bad]
-        if uncompiled:
-            notes.append("batch.compile_step=true applies to batched decode over native "
-                         "full-attention layers only; here the step runs uncompiled: "
-                         + "; ".join(uncompiled))
+        if uncompiled:  # (it would run uncompiled: refused, not taken and dropped)
+            problems.append("batch.compile_step=true compiles batched decode over native "
+                            "full-attention layers only, and here "
+                            + "; ".join(uncompiled) + "; valid choices: batch.compile_step="
+                            "false, or a plan it applies to")
     if b.prefill_rows > d.max_rows:
         problems.append(f"batch.prefill_rows={b.prefill_rows} must be in 1..batch.max_rows "
                         f"({d.max_rows})")
