@@ -379,6 +379,16 @@ def test_a_kv_field_the_scheme_does_not_read_is_refused():
                                                      "turboquant"}
 
 
+def test_keep_layers_covering_every_full_attention_layer_is_refused():
+    """No layer encoded: the codec's settings changed nothing, and the plan still differed
+    from kv=native (a fingerprint of its own)."""
+    with pytest.raises(PlanError, match=r"kv.keep_layers=\[0, 1, 2, 3, 4, 5\] keeps every "
+                                        "full-attention layer native: kv=affine would encode"):
+        resolve_overrides(["kv=affine8", "kv.keep_layers=[0,1,2,3,4,5]"])
+    assert resolve_overrides(["kv=affine8", "kv.keep_layers=[0,1,2,3,4]"]).kv.quantized_layers \
+        == (5,)
+
+
 def test_compile_step_where_the_step_cannot_be_compiled_is_refused():
     """It was a note while the plan still said compile_step: true and the step ran
     uncompiled: accepted and dropped."""

@@ -198,6 +198,10 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
         if bad:
             problems.append(f"kv.keep_layers={list(kv.keep_layers)}: {bad} are not "
                             f"full-attention layers; valid choices: {full}")
+        elif full and set(full) <= set(keep):  # (the codec's settings would change nothing)
+            problems.append(f"kv.keep_layers={list(kv.keep_layers)} keeps every "
+                            f"full-attention layer native: kv={kv.scheme} would encode none; "
+                            "valid choices: kv=native, or fewer layers kept")
     if len(problems) > n_problems:
         return None
     quantized = tuple(i for i in full if i not in keep)
