@@ -150,3 +150,9 @@ def test_tune_writes_a_profile_that_resolves(tmp_path):
              tmp_path, 120)
     assert r.returncode == 2 and "the tuned file would include itself" in r.stderr
     assert not (tmp_path / "profiles" / "agent-fleet.yaml").exists()
+    # candidates that would not be tried: a knob also fixed, a RAM size with no RAM tier
+    r = _cli(["mode=tune", "tune.profile=t2", "tune.max_rows=[2,4]", "batch.max_rows=8",
+              "tune.ram_bytes=[1GiB]", "cache=none", *TINY], tmp_path, 120)
+    assert r.returncode == 2
+    assert "tune.max_rows=[2,4] batch.max_rows=8: a setting on the command line stays " \
+        "fixed" in r.stderr and "tune.ram_bytes=[1GiB]: cache=none has no RAM tier" in r.stderr

@@ -76,6 +76,15 @@ def check(cfg, task: list[str], trial: bool) -> list[str]:
             parse_size(v)
         except ValueError as e:
             problems.append(f"tune.ram_bytes: {e}")
+    given = {_key(o): o for o in task}
+    cache = cfg.cache.kind if cfg.cache.kind != "auto" else (
+        "none" if cfg.batch.mode == "serial" else "ram")
+    for name, key in KNOBS.items():  # a candidate list that would not be searched
+        if not trial and f"tune.{name}" in given and key in given:
+            problems.append(f"{given[f'tune.{name}']} {given[key]}: a setting on the command "
+                            "line stays fixed, so its candidates would not be tried; drop one")
+        elif f"tune.{name}" in given and key == "cache.ram.bytes" and cache in ("none", "ssd"):
+            problems.append(f"{given['tune.ram_bytes']}: cache={cache} has no RAM tier to size")
     return problems
 
 
