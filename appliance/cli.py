@@ -68,8 +68,12 @@ def run(cfg) -> int:
     task = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
     problems = [] if cfg.mode in MODES else [
         f"mode={cfg.mode!r} is not supported; valid choices: {', '.join(MODES)}"]
+    from appliance.config.overrides import profile_settings
+
+    # a profile's bench and tune settings are checked as the command line's
+    checked = [*task, *profile_settings(_profiles(task), ("bench", "tune"))]
     for section, readers in (("bench", ("bench", "tune")), ("tune", ("tune",))):
-        given = [o for o in task if o.lstrip("+~").split("=", 1)[0].split(".")[0] == section]
+        given = [o for o in checked if o.lstrip("+~").split("=", 1)[0].split(".")[0] == section]
         if given and cfg.mode not in readers:  # never accepted and ignored
             problems.append(f"{' '.join(given)}: only mode={' or mode='.join(readers)} reads "
                             f"the {section} settings; drop them, or set that mode")
@@ -81,7 +85,7 @@ def run(cfg) -> int:
             # mode=tune measures bench=agents: its trials get it (tune.launch), so its
             # fields are checked against that workload, not the default one
             bench_cfg = OmegaConf.merge(cfg.bench, {"workload": "agents"})
-        problems += check(bench_cfg, task)
+        problems += check(bench_cfg, checked)
     if cfg.mode == "tune":
         from appliance.bench import tune
 

@@ -204,6 +204,23 @@ def test_cli_refuses_bench_and_tune_settings_no_mode_reads(tmp_path):
     assert "tune.trials=3: only mode=tune" in r.stderr
 
 
+def test_a_profiles_bench_and_tune_settings_are_checked_as_the_command_lines(tmp_path):
+    """Only the command line's were: a profile's bench settings were taken by mode=plan and
+    by a workload that does not read them."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.yaml").write_text(
+        "# @package _global_\nbatch:\n  max_rows: 4\nbench:\n  agents: 4\n")
+    r = _cli("mode=plan", "+profile=mine", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "bench.agents=4 (+profile=mine): only mode=bench or mode=tune reads" in r.stderr
+    r = _cli("mode=bench", "bench=fleet", "+profile=mine", cwd=tmp_path)
+    assert r.returncode == 2 and "bench.agents=4 (+profile=mine): bench=fleet does not read" \
+        in r.stderr
+    (tmp_path / "profiles" / "mine.yaml").write_text("batch:\n  max_rows: 4\n")
+    r = _cli("mode=plan", "+profile=mine", cwd=tmp_path)
+    assert r.returncode == 0 and "max_rows: 4" in r.stdout, r.stderr
+
+
 def test_cli_refuses_a_bench_field_the_workload_does_not_read(tmp_path):
     """Never accepted and ignored: bench=fleet has no agents, bench=kv no turns; each
     workload's own fields still pass (the check runs before anything starts)."""

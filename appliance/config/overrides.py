@@ -18,6 +18,31 @@ def profiles(task_overrides: list[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
+def profile_settings(names: tuple[str, ...], sections: tuple[str, ...]) -> list[str]:
+    """What the named profiles set in `sections`, as overrides (`bench.agents=4 (+profile=x)`):
+    checked as the command line's are, so a profile's bench or tune settings are never
+    taken and dropped either."""
+    import yaml
+
+    from appliance.config.hydra_setup import profile_files
+
+    files, out = profile_files(), []
+
+    def flat(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                flat(f"{prefix}.{k}", v)
+        else:
+            out.append(f"{prefix}={node} (+profile={name})")
+
+    for name in names:
+        data = yaml.safe_load(files[name].read_text()) if name in files else None
+        for section in sections:
+            if isinstance(data, dict) and section in data:
+                flat(section, data[section])
+    return out
+
+
 def field_problems(argv: list[str], groups: dict[str, list[str]]) -> dict[str, list[str]]:
     """Per `key=value` argument the schema has no key for, or whose value its type refuses
     (each value of a sweep), what is wrong. Group choices (`kv=...`) are checked by the
