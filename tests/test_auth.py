@@ -55,6 +55,12 @@ def test_a_non_loopback_bind_needs_a_key_or_says_it_does_not():
     assert resolve_overrides(["server.host=0.0.0.0", "server.allow_unauthenticated=true"])
     with pytest.raises(PlanError, match="server.api_key is empty"):
         resolve_overrides(["server.api_key=' '"])
+    # where it permits nothing, it is refused rather than taken
+    with pytest.raises(PlanError, match="has no effect on the loopback host 127.0.0.1"):
+        resolve_overrides(["server.allow_unauthenticated=true"])
+    with pytest.raises(PlanError, match="has no effect beside server.api_key"):
+        resolve_overrides(["server.host=0.0.0.0", f"server.api_key={KEY}",
+                           "server.allow_unauthenticated=true"])
 
 
 def test_a_foreign_host_header_is_refused_on_a_loopback_bind(server):

@@ -156,6 +156,10 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         problems.append(f"server.host={srv.host} serves beyond this machine without a key; set "
                         "server.api_key (e.g. server.api_key='${oc.env:APPLIANCE_API_KEY}'), "
                         "or say server.allow_unauthenticated=true")
+    elif srv.allow_unauthenticated and (api_key or is_loopback(srv.host)):  # it permits nothing
+        problems.append("server.allow_unauthenticated=true has no effect " + (
+            "beside server.api_key (every request needs the key)" if api_key else
+            f"on the loopback host {srv.host} (it opens a non-loopback host without a key)"))
     if str(srv.log_level).lower() not in LOG_LEVELS:
         problems.append(f"server.log_level={srv.log_level!r}; valid choices: "
                         + ", ".join(LOG_LEVELS))
