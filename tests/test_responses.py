@@ -145,6 +145,7 @@ ASK = {"role": "user", "content": Q}
     ([ASK, _call("c1"), {"type": "function_call_output", "output": "x"}], "input[2].call_id"),
     ([ASK, {"type": "function_call", "call_id": "c1", "arguments": "{}"}], "input[1].name"),
     ([ASK, _call("c1", namespace="tools"), _output("c1")], "input[1].namespace"),
+    ([ASK, {"role": "assistant", "content": "x", "phase": "draft"}], "input[1].phase"),
 ])
 def test_function_calls_and_outputs_pair_up(server, plan, items, param):
     r = httpx.post(f"{server}/v1/responses", json={

@@ -87,7 +87,8 @@ def only_known(obj: dict, known: tuple[str, ...], param: str,
     for key in obj:
         if key not in known and obj[key] not in (inert or {}).get(key, ()):
             raise invalid(f"{param}.{key}", f"is not supported (supported: {', '.join(known)}"
-                          + (f"; {', '.join(inert)} as null" if inert else "") + ")")
+                          + (f"; {', '.join(inert)} where they ask for nothing" if inert
+                             else "") + ")")
 
 
 def _respond(err: APIError) -> Response:

@@ -91,14 +91,15 @@ REFUSED = {"previous_response_id": "this server stores no responses; send the co
 # What each input item may carry: an agent sends the API's own output items back, so their
 # ids, statuses, phases and annotations are accepted (they describe that output, nothing to honor).
 PART_KEYS = ("type", "text", "annotations", "logprobs")
-ITEM_KEYS = {"message": ("type", "role", "content", "id", "status", "phase"),
+ITEM_KEYS = {"message": ("type", "role", "content", "id", "status"),
              "function_call": ("type", "call_id", "name", "arguments", "id", "status"),
              "function_call_output": ("type", "call_id", "output", "id", "status")}
 
 
-# What the SDK writes for a call's fields it knows, where they ask for nothing: a call the
-# model made itself, in no namespace, not run asynchronously
-INERT = {"caller": (None, {"type": "direct"}), "namespace": (None,), "async": (None, False)}
+# What the SDK writes for fields it knows, where they ask for nothing: a call the model made
+# itself, in no namespace, not run asynchronously; the phase a message's output was in
+INERT = {"caller": (None, {"type": "direct"}), "namespace": (None,), "async": (None, False),
+         "phase": (None, "commentary", "final_answer")}
 
 
 def _content_text(content, param: str) -> str:
