@@ -103,6 +103,10 @@ def run(cfg) -> int:
         from appliance.bench.agents import context_problems
 
         problems += context_problems(plan, cfg.bench)
+    if not problems and cfg.mode == "bench":
+        from appliance.bench import keep_ssd_problems
+
+        problems += keep_ssd_problems(cfg.bench, plan, checked)
     if problems:
         print(PlanError(problems).render(), file=sys.stderr)
         if cfg.mode == "bench" and hc.mode != RunMode.MULTIRUN:

@@ -250,6 +250,9 @@ def test_a_plan_setting_a_bench_does_not_pass_on_is_refused(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "server.api_key=k: not used with bench=fleet bench.target=self: a bench serves on" \
         in r.stderr
+    r = _cli("mode=bench", "bench.keep_ssd=true", cwd=tmp_path)  # no SSD tier: none to keep
+    assert r.returncode == 2 and "bench.keep_ssd=true: bench=fleet bench.target=self makes " \
+        "no SSD directory to keep" in r.stderr
     r = _cli("mode=tune", "bench.target=mlx_lm", cwd=tmp_path)  # it would search knobs
     assert r.returncode == 2 and "so it measures the appliance (bench.target=self)" in r.stderr
     from appliance.bench import check

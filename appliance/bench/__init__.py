@@ -129,6 +129,18 @@ def _matches(key: str, keys: tuple[str, ...]) -> bool:
     return any(k == key or (k.endswith(".*") and key.startswith(k[:-1])) for k in keys)
 
 
+def keep_ssd_problems(cfg, plan: ExecutionPlan, overrides) -> list[str]:
+    """bench.keep_ssd where this bench makes no SSD directory to keep (bench=prefix makes its
+    own; a served plan with an SSD tier one per run)."""
+    given = [str(o) for o in overrides if str(o).split("=", 1)[0] == "bench.keep_ssd"]
+    makes = cfg.workload == "prefix" or (
+        cfg.workload in ("fleet", "agents") and _target_kind(str(cfg.target)) == "self"
+        and plan.cache.ssd_bytes > 0)
+    return [] if not given or makes else [
+        f"{given[0]}: bench={cfg.workload} bench.target={cfg.target} makes no SSD directory to "
+        "keep (the plan has no SSD tier served by this bench: cache=ssd or cache=tiered)"]
+
+
 def check(cfg, overrides=()) -> list[str]:
     """Every problem with these bench settings, one sentence each (empty: runnable);
     `overrides`: the command line, whose bench fields the workload must read."""
