@@ -120,12 +120,12 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     for tier, kinds in (("ram", ("ram", "tiered")), ("ssd", ("ssd", "tiered"))):
         section = getattr(cfg.cache, tier)
         if cache_kind not in kinds:  # a tier's field set without the tier: refused
-            for f, unset in vars(TIERS[tier]()).items():
-                if getattr(section, f) != unset:
-                    problems.append(f"cache.{tier}.{f}={getattr(section, f)} is not read by "
-                                    f"cache={cfg.cache.kind}" + ("" if cache_kind == cfg.cache.kind
-                                                               else f" (here {cache_kind})") +
-                                    f"; it applies to cache={'|'.join(kinds)}")
+            chosen = cfg.cache.kind + ("" if cache_kind == cfg.cache.kind
+                                       else f" (here {cache_kind})")
+            problems += [f"cache.{tier}.{f}={getattr(section, f)} is not read by cache={chosen}; "
+                         f"it applies to cache={'|'.join(kinds)}"
+                         for f, unset in vars(TIERS[tier]()).items()
+                         if getattr(section, f) != unset]
             continue
         if tier == "ram" and section.bytes == "auto":
             ram_cap = None
