@@ -251,3 +251,19 @@ def test_the_plan_says_where_stated_machine_facts_come_from():
     (note,) = [n for n in plan.notes if "facts" in n]
     assert "from the machine.* settings (NVIDIA H200; memory: this machine's" in note
     assert "profile" not in note
+
+
+def test_max_context_counts_a_chunks_activations_at_the_context_it_allows():
+    """They were counted over the trained length (131k keys for the 1B shape): under
+    batch=serial (2048-token chunks) a 1B plan on a 24 GB CPU got max_context=256, and the
+    default plan 13312 where ~36k fit. The cap must still hold its own accounting."""
+    from conftest import resolve_overrides
+
+    from appliance.plan.machine import GiB
+
+    one_b = ["model=synthetic", "model.shape=llama-3.2-1b", "machine.memory_gb=24"]
+    serial = resolve_overrides(["batch=serial", *one_b])
+    assert serial.server.max_context >= 4096
+    plan = resolve_overrides(one_b)
+    assert plan.server.max_context > 2 * 13312
+    assert plan.memory.ceiling_bytes <= plan.memory.usable_bytes <= 24 * GiB

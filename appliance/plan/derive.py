@@ -225,16 +225,26 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
             ctx = trained
             why["server.max_context"] = f"max_context={ctx}: the model's trained positions"
         else:
-            # one row at ctx, its rebuild copy and a hit's copy: 3 * ctx * per_token
-            act, cache, _ = fixed(trained, 1)
-            cap = max(0, int(KV_SHARE * (free - act - cache)) // (3 * s.per_token))
-            ctx = max(256, min(trained, cap // 256 * 256))
+            # one row at ctx, its rebuild copy and a hit's copy: 3 * ctx * per_token, in
+            # what the weights and a prefill chunk's activations over ctx keys leave (those
+            # at ctx, not at the trained length: a 2048-token chunk's CPU scores over 131k
+            # keys once capped the 1B shape at 256 tokens)
+            def fits(t: int) -> bool:
+                act, cache, _ = fixed(t, 1)
+                return 3 * t * s.per_token <= KV_SHARE * (free - act - cache)
+
+            lo, hi = 1, trained // 256  # the largest multiple of 256 that fits (at least 256)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid * 256) else (lo, mid - 1)
+            ctx = trained if fits(trained) else lo * 256
+            act, cache, _ = fixed(ctx, 1)
             why["server.max_context"] = (
                 f"max_context={ctx}: the model's trained positions ({trained})"
                 + (f", capped so one row, its copy on a hit and its rebuild copy fit in "
                    f"{KV_SHARE:.0%} of the {gib(max(0, free - act - cache))} left after the "
-                   f"weights and a {trained}-token prefill's activations and buffer cache "
-                   f"({gib(act + cache)})" if ctx < trained
+                   f"weights and a prefill chunk's activations over {ctx} keys and the buffer "
+                   f"cache ({gib(act + cache)})" if ctx < trained
                    else f"; one such row and its copies ({gib(3 * ctx * s.per_token)}) fit "
                         f"easily in the {gib(free)} left after the weights"))
             if kv_budget is not None and s.row(ctx, chunk) > kv_budget:
