@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from appliance.plan.errors import unread
+
 KINDS = ("none", "lookup", "model", "mtp")
 SOURCES = ("embedded", "local", "hf")
 EMBEDDED_DRAFT = Path(__file__).resolve().parent.parent / "embedded" / "draft"
@@ -146,12 +148,8 @@ def _draft_dir(d: Any, problems: list[str]) -> Path | None:
         problems.append(f"draft.source={src!r} is not an option; valid choices: "
                         f"{', '.join(SOURCES)}")
         return None
-    unread = [f for f, sources in SOURCE_READS.items()
-              if src not in sources and getattr(d, f) != DEFAULTS[f]]
-    for f in unread:
-        problems.append(f"draft.{f}={getattr(d, f)!r} is not read by draft.source={src}; it "
-                        f"applies to draft.source={'|'.join(SOURCE_READS[f])}")
-    if unread:
+    if bad := unread("draft", d, SOURCE_READS, DEFAULTS, "draft.source", src):
+        problems += bad
         return None
     if src == "embedded":
         p = EMBEDDED_DRAFT

@@ -18,3 +18,14 @@ class PlanError(Exception):
         lines = [f"PlanError: {len(self.problems)} problem(s) with this configuration:"]
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
+
+
+def unread(section: str, cfg, reads: dict[str, tuple[str, ...]], unset: dict, option: str,
+           chosen: str) -> list[str]:
+    """One problem per field of `cfg` (config section `section`) set away from its unset value
+    where the chosen `option` (e.g. model=tiny) does not read it: refused, never ignored.
+    `reads`: the options each such field is read by."""
+    return [f"{section}.{f}={getattr(cfg, f)!r} is not read by {option}={chosen}; it applies "
+            f"to {option}={'|'.join(options)}"
+            for f, options in reads.items()
+            if chosen not in options and getattr(cfg, f) != unset[f]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from appliance.plan.errors import unread
 from appliance.plan.machine import GiB
 from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo
 
@@ -23,12 +24,8 @@ UNSET = {"path": None, "repo": None, "revision": None, "shape": None, "bits": No
 
 def locate_model(m: Any, problems: list[str]) -> tuple[Path | None, str]:
     """The local directory holding config.json and weights, and the served id."""
-    unread = [f for f, sources in READS.items()
-              if m.source not in sources and getattr(m, f) != UNSET[f]]
-    for f in unread:
-        problems.append(f"model.{f}={getattr(m, f)!r} is not read by model={m.source}; it "
-                        f"applies to model={'|'.join(READS[f])}")
-    if unread:
+    if bad := unread("model", m, READS, UNSET, "model", m.source):
+        problems += bad
         return None, ""
     if m.source == "tiny":
         return EMBEDDED_MODEL, m.name or "appliance-tiny"
