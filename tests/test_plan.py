@@ -199,6 +199,7 @@ def test_batch_plan_states_placement_and_budget():
     serial = resolve_overrides(["batch=serial"])
     assert serial.batch.max_rows == 1
     assert serial.batch.placement == {"full": "one row at a time"}
+    assert ": one row of max_context=" in serial.derived["batch.kv_budget"]  # not "1 rows"
     assert "kv.start" not in plan.batch.placement["full"]
     # kv.start holds per row, in a batch too: said so
     quantized = resolve_overrides(["kv=turboquant"])

@@ -290,7 +290,7 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
         budget = max(rows * s.row(typical), s.row(ctx)) + s.row(0, chunk)
         why["batch.kv_budget"] = (
             f"kv_budget={gib(budget)}: " + (f"{rows} rows of {typical} tokens"
-                                            if rows * typical >= ctx else
+                                            if rows > 1 and rows * typical >= ctx else
                                             f"one row of max_context={ctx} tokens")
             + f" at {s.per_token:,} bytes per token; admission queues beyond it")
     else:
