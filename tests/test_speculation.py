@@ -1034,7 +1034,8 @@ def test_the_plan_refuses_what_it_cannot_serve_naming_the_choices(tmp_path):
                           "draft.head=checkpoint"])
     assert any("valid choices: batch=continuous" in q for q in problems)
     assert any("draft.k=0 must be in 1..16" in q for q in problems)
-    assert any("draft.head is not read by draft=lookup" in q for q in problems)
+    assert ("draft.head='checkpoint' is not read by draft=lookup; it applies to draft=mtp"
+            in problems)
     # draft=model's source fields: a path without draft.source=local served the embedded draft
     problems = _problems(["draft=model", "draft.path=/no/such/draft"])
     assert problems == ["draft.path='/no/such/draft' is not read by draft.source=embedded; it "

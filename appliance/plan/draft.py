@@ -25,6 +25,7 @@ DEFAULTS = {"k": 0, "adaptive": True, "ngram_min": None, "ngram_max": None, "sou
 READS = {"none": (), "lookup": ("k", "adaptive", "ngram_min", "ngram_max"),
          "model": ("k", "adaptive", "source", "path", "repo", "revision"),
          "mtp": ("k", "adaptive", "head")}
+READERS = {f: tuple(k for k, fields in READS.items() if f in fields) for f in DEFAULTS}
 # draft=model's fields each source reads (draft.path without draft.source=local served the
 # embedded draft)
 SOURCE_READS = {"path": ("local",), "repo": ("hf",), "revision": ("hf",)}
@@ -56,11 +57,7 @@ def resolve_draft(d: Any, target_dir: Path | None, info, dtype: str, batch_mode:
         problems.append(f"draft.kind={d.kind!r} is not an option; valid choices: "
                         f"{', '.join(KINDS)}")
         return None
-    for f, default in DEFAULTS.items():
-        if f not in READS[d.kind] and getattr(d, f) != default:
-            readers = [k for k, v in READS.items() if f in v]
-            problems.append(f"draft.{f} is not read by draft={d.kind}; it applies to draft="
-                            f"{'|'.join(readers)}")
+    problems += unread("draft", d, READERS, DEFAULTS, "draft", d.kind)
     if d.kind == "none":
         return DraftPlan(kind="none")
     n = len(problems)

@@ -21,11 +21,12 @@ class PlanError(Exception):
 
 
 def unread(section: str, cfg, reads: dict[str, tuple[str, ...]], unset: dict, option: str,
-           chosen: str) -> list[str]:
+           chosen: str, shown: str | None = None) -> list[str]:
     """One problem per field of `cfg` (config section `section`) set away from its unset value
     where the chosen `option` (e.g. model=tiny) does not read it: refused, never ignored.
-    `reads`: the options each such field is read by."""
-    return [f"{section}.{f}={getattr(cfg, f)!r} is not read by {option}={chosen}; it applies "
-            f"to {option}={'|'.join(options)}"
+    `reads`: the options each such field is read by; `shown`: the choice as the user wrote it,
+    where that differs (cache=auto, here none)."""
+    return [f"{section}.{f}={getattr(cfg, f)!r} is not read by {option}={shown or chosen}; it "
+            f"applies to {option}={'|'.join(options)}"
             for f, options in reads.items()
             if chosen not in options and getattr(cfg, f) != unset[f]]

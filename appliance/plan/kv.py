@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from appliance.plan.errors import unread
 from appliance.plan.model_info import COMPUTE_BYTES, ModelInfo
 
 SCHEMES = ("native", "affine", "turboquant")
@@ -42,10 +43,11 @@ OPTIONS = _options()
 # The schema's defaults: a field left at its default is not "set".
 UNSET = {"key_bits": None, "value_bits": None, "group_size": 64, "start": 0,
          "keep_layers": None, "rotation": "hadamard", "rotation_seed": 0}
-# Fields each scheme does not read (another one does).
-UNUSED = {"native": ("key_bits", "value_bits", "group_size", "start", "keep_layers",
-                     "rotation", "rotation_seed"),
-          "affine": ("rotation", "rotation_seed"), "turboquant": ("group_size",)}
+# The schemes each field is read by: set for another scheme, a field is refused
+READS = {"key_bits": ("affine", "turboquant"), "value_bits": ("affine", "turboquant"),
+         "group_size": ("affine",), "start": ("affine", "turboquant"),
+         "keep_layers": ("affine", "turboquant"), "rotation": ("turboquant",),
+         "rotation_seed": ("turboquant",)}
 MLA_ARCHITECTURES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe_lite", "minicpm3")
 
 
@@ -138,11 +140,7 @@ def resolve_kv(kv: Any, info: ModelInfo, dtype: str, backend: str, max_context: 
     if kv.scheme != "native" and kv.start > max_context:
         problems.append(f"kv.start={kv.start} is larger than server.max_context={max_context}:"
                         " no row would ever be quantized; lower kv.start or use kv=native")
-    for f in UNUSED[kv.scheme]:  # set away from its default: refused, never ignored
-        if getattr(kv, f) != UNSET[f]:
-            problems.append(f"kv.{f}={getattr(kv, f)} has no meaning with kv.scheme="
-                            f"{kv.scheme}; it is read by "
-                            f"{', '.join(k for k, v in UNUSED.items() if f not in v)}")
+    problems += unread("kv", kv, READS, UNSET, "kv.scheme", kv.scheme)
     if kv.scheme == "native":
         native = 2 * width * len(full)
         attention = "fused SDPA"
@@ -263,7 +261,7 @@ def rows_per_option(info: ModelInfo, dtype: str, backend: str, kv: Any, budget: 
     out = {}
     for name, fields in OPTIONS.items():
         mine = {k: v for k, v in _fields(kv).items()  # what this option's scheme reads
-                if k not in UNUSED[fields["scheme"]]}
+                if fields["scheme"] in READS.get(k, (fields["scheme"],))}
         p = resolve_kv(type("KV", (), {**UNSET, **mine, **fields})(), info, dtype, backend,
                        max_ctx, [])
         if p is not None and p.bytes_per_token:

@@ -13,7 +13,7 @@ from appliance import _blas, _mlx_env
 from appliance.config.schema import RamTierConfig, SsdTierConfig
 from appliance.plan.derive import Shape, Workload, attention_threads, derive, machine_facts
 from appliance.plan.draft import resolve_draft
-from appliance.plan.errors import PlanError
+from appliance.plan.errors import PlanError, unread
 from appliance.plan.kv import check_scheme, resolve_kv, rows_per_option
 from appliance.plan.machine import GiB, detect
 from appliance.plan.model_info import COMPUTE_BYTES, inspect_config, inspect_model
@@ -122,10 +122,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         if cache_kind not in kinds:  # a tier's field set without the tier: refused
             chosen = cfg.cache.kind + ("" if cache_kind == cfg.cache.kind
                                        else f" (here {cache_kind})")
-            problems += [f"cache.{tier}.{f}={getattr(section, f)} is not read by cache={chosen}; "
-                         f"it applies to cache={'|'.join(kinds)}"
-                         for f, unset in vars(TIERS[tier]()).items()
-                         if getattr(section, f) != unset]
+            unset = vars(TIERS[tier]())
+            problems += unread(f"cache.{tier}", section, dict.fromkeys(unset, kinds), unset,
+                               "cache", cache_kind, chosen)
             continue
         if tier == "ram" and section.bytes == "auto":
             ram_cap = None
