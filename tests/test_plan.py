@@ -219,6 +219,12 @@ def test_batch_refusals_name_the_field():
     assert "4GiB" in msg and "batch.prefill_chunk=0" in msg
     with pytest.raises(PlanError, match="batch.kv_budget=1TiB is more than"):
         resolve_overrides(["batch.kv_budget=1TiB"])
+    # the workload sizes the batch's rows and budget; batch=serial (one row) reads neither
+    with pytest.raises(PlanError) as e:
+        resolve_overrides(["batch=serial", "server.clients=16", "server.typical_context=9000"])
+    assert e.value.problems == [
+        "server.clients=16 is not read by batch=serial; it applies to batch=continuous",
+        "server.typical_context=9000 is not read by batch=serial; it applies to batch=continuous"]
 
 
 def test_sizes():

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import _blas, _mlx_env
-from appliance.config.schema import RamTierConfig, SsdTierConfig
+from appliance.config.schema import RamTierConfig, ServerConfig, SsdTierConfig
 from appliance.plan.derive import Shape, Workload, attention_threads, derive, machine_facts
 from appliance.plan.draft import resolve_draft
 from appliance.plan.errors import PlanError, unread
@@ -40,6 +40,7 @@ from appliance.plan.source import (
 )
 
 TIERS = {"ram": RamTierConfig, "ssd": SsdTierConfig}  # each tier's fields and unset values
+WORKLOAD = {f: getattr(ServerConfig, f) for f in ("clients", "typical_context")}  # unset
 
 # uvicorn's log levels (it raises a KeyError at start-up on any other)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -107,6 +108,9 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
     if b.mode == "serial" and rows_set not in (None, 1):
         problems.append(f"batch.max_rows={b.max_rows} with batch=serial: serial runs one row "
                         "at a time; use batch=continuous to decode rows together")
+    if b.mode == "serial":  # the workload sizes the batch's rows and budget: serial has none
+        problems += unread("server", srv, dict.fromkeys(WORKLOAD, ("continuous",)), WORKLOAD,
+                           "batch", "serial")
     cache_kind = cfg.cache.kind
     if cache_kind == "auto":  # a RAM prefix cache, as mlx_lm.server keeps a prompt cache
         cache_kind = "none" if b.mode == "serial" else "ram"
