@@ -196,7 +196,7 @@ def derive(f: Facts, s: Shape, w: Workload, *, max_rows: int | None, prefill_chu
     gib = format_size
     free = f.usable - s.weights  # what live KV, copies, the RAM tier and transients share
     trained = s.trained or 4096
-    rows_hint = max_rows or min(w.clients, MAX_ROWS)
+    rows_hint = 1 if serial else max_rows or min(w.clients, MAX_ROWS)  # serial: one row
 
     if prefill_chunk is None:
         chunk = CPU_CHUNK if f.backend == "cpu" else GPU_CHUNK
