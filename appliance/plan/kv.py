@@ -261,7 +261,7 @@ def rows_per_option(info: ModelInfo, dtype: str, backend: str, kv: Any, budget: 
     out = {}
     for name, fields in OPTIONS.items():
         mine = {k: v for k, v in _fields(kv).items()  # what this option's scheme reads
-                if fields["scheme"] in READS.get(k, (fields["scheme"],))}
+                if k not in READS or fields["scheme"] in READS[k]}
         p = resolve_kv(type("KV", (), {**UNSET, **mine, **fields})(), info, dtype, backend,
                        max_ctx, [])
         if p is not None and p.bytes_per_token:
