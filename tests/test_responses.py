@@ -118,6 +118,18 @@ def test_structured_text_format(client, plan):
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}},
      "text.format.schema"),
+    # stream_options as chat's: only with stream, no obfuscation, no other key
+    ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
+    ({"stream": True, "stream_options": {"include_obfuscation": True}},
+     "stream_options.include_obfuscation"),
+    ({"stream": True, "stream_options": {"foo": 1}}, "stream_options.foo"),
+    ({"stream": True, "stream_options": {"include_usage": True}}, "stream_options.include_usage"),
+    # a named function's keys; a choice in chat's shape is not Responses'
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "get_weather", "foo": 1}},
+     "tool_choice.foo"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+     "tool_choice.function"),
+    ({"tools": TOOLS, "tool_choice": "any"}, "tool_choice"),
 ])
 def test_unsupported_fields_are_refused_by_name(server, plan, extra, param):
     body = {"model": plan.model.id, "input": Q, "max_output_tokens": 3, **extra}

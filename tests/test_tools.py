@@ -358,6 +358,7 @@ def test_auto_with_free_text_is_plain_content(client, plan):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [*TOOLS, {"type": "function", "function": {"name": "add"}}]}, "tools[2]"),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"parallel_tool_calls": True}, "parallel_tool_calls"),  # without tools: OpenAI's 400 too
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
 ])

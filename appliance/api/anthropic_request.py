@@ -180,19 +180,28 @@ def _tools(tools) -> list[dict] | None:
     return out
 
 
+# the keys each of Anthropic's tool_choice types has
+CHOICE_KEYS = {"auto": ("type", "disable_parallel_tool_use"),
+               "any": ("type", "disable_parallel_tool_use"),
+               "tool": ("type", "name", "disable_parallel_tool_use"), "none": ("type",)}
+
+
 def _tool_choice(choice) -> tuple[Any, bool | None]:
     """Anthropic's tool_choice as (OpenAI's tool_choice, parallel_tool_calls)."""
     if choice is None:
         return None, None
     kind = choice.get("type")
+    if kind not in CHOICE_KEYS:
+        raise invalid("tool_choice.type", f"{kind!r} is not one of auto, any, tool, none")
+    only_known(choice, CHOICE_KEYS[kind], "tool_choice")
+    if not isinstance(choice.get("disable_parallel_tool_use", False), bool):
+        raise invalid("tool_choice.disable_parallel_tool_use", "must be a boolean")
     parallel = False if choice.get("disable_parallel_tool_use") else None
-    if kind in ("auto", "none"):
-        return kind, parallel
-    if kind == "any":
-        return "required", parallel
     if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
-    raise invalid("tool_choice.type", f"{kind!r} is not one of auto, any, tool, none")
+        if not isinstance(choice.get("name"), str):
+            raise invalid("tool_choice.name", "names the tool to use (a string)")
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    return {"any": "required"}.get(kind, kind), parallel
 
 
 def prepare_messages(body: MessagesRequest, plan, tokenizer, count_only: bool = False
@@ -213,6 +222,7 @@ def prepare_messages(body: MessagesRequest, plan, tokenizer, count_only: bool = 
     oc = body.output_config or {}
     if oc.get("effort") is not None:
         raise invalid("output_config.effort", "effort control is not supported")
+    only_known(oc, ("format",), "output_config", inert={"effort": (None,)})
     schema = None
     if oc.get("format") is not None:
         fmt = oc["format"]

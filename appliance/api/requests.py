@@ -204,18 +204,19 @@ def _chat_fields(body: ChatCompletionRequest) -> None:
     if body.service_tier not in (None, "auto", "default"):
         raise invalid("service_tier", f"{body.service_tier!r}: this server has one tier "
                                       "('auto' or 'default')")
-    _stream_options(body)
+    stream_options(body)
 
 
-def _stream_options(body) -> None:
-    """stream_options: include_usage is read; include_obfuscation only as false (no
-    obfuscation padding is ever added); only with stream=true, as OpenAI requires."""
+def stream_options(body, known: tuple[str, ...] = ("include_usage", "include_obfuscation")
+                   ) -> None:
+    """stream_options: include_usage is read (chat, completions); include_obfuscation only as
+    false (no obfuscation padding is ever added); only with stream=true, as OpenAI requires."""
     so = body.stream_options
     if so is None:
         return
     if not body.stream:
         raise invalid("stream_options", "is only allowed when stream is true")
-    only_known(so, ("include_usage", "include_obfuscation"), "stream_options")
+    only_known(so, known, "stream_options")
     if so.get("include_obfuscation"):
         raise invalid("stream_options.include_obfuscation",
                       "obfuscation padding is not supported (false is the only value)")
@@ -258,6 +259,8 @@ def prepare_chat(body: ChatCompletionRequest, plan: ExecutionPlan, tokenizer) ->
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs", "requires logprobs=true")
     k = _logprobs("top_logprobs", body.top_logprobs or 0) if body.logprobs else None
+    if body.parallel_tool_calls is not None and not body.tools:  # (OpenAI's 400 too)
+        raise invalid("parallel_tool_calls", "is only allowed when tools are specified")
     conv = Conversation(messages, body.tools, body.tool_choice, body.parallel_tool_calls,
                         response_schema(body.response_format), mt)
     return prepare_conversation(conv, _sampling(body, plan, plan.model.vocab_size),
@@ -383,7 +386,7 @@ def _one_prompt(prompt: str | list) -> str | list[int]:
 
 def prepare_completion(body: CompletionRequest, plan: ExecutionPlan, tokenizer) -> Prepared:
     _check_model(body, plan)
-    _stream_options(body)
+    stream_options(body)
     if body.best_of not in (None, 1):
         raise invalid("best_of", f"{body.best_of}: only best_of=1 is supported")
     if body.echo or body.suffix:

@@ -25,6 +25,7 @@ from appliance.api.requests import (
     Prepared,
     nucleus,
     prepare_conversation,
+    stream_options,
 )
 from appliance.api.schemas import Refused, no_effect
 from appliance.api.textgen import Done, Piece, generate
@@ -45,8 +46,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     stream: bool = False
-    stream_options: Annotated[dict[str, Any], no_effect("events are not obfuscated")
-                              ] | None = None
+    stream_options: Annotated[dict[str, Any], Meta(
+        description="include_obfuscation: false only (events are not obfuscated)")] | None = None
     metadata: Annotated[dict[str, Any], no_effect("echoed in the response")] | None = None
     user: Annotated[str, Meta(description="The `agent` label of the metrics")] | None = None
     store: Annotated[bool, Meta(description="false only: nothing is stored")] | None = None
@@ -178,9 +179,15 @@ def _tools(tools) -> list[dict] | None:
 
 
 def _tool_choice(choice):
+    """Responses' tool_choice in chat terms (a named function is flat here)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
+        only_known(choice, ("type", "name"), "tool_choice")
+        if isinstance(choice.get("name"), str):
+            return {"type": "function", "function": {"name": choice["name"]}}
+    raise invalid("tool_choice", "must be 'none', 'auto', 'required' or "
+                                 "{'type': 'function', 'name': ...}")
 
 
 def _schema(text: dict | None) -> dict | None:
@@ -212,6 +219,7 @@ def prepare_response(body: ResponsesRequest, plan, tokenizer) -> Prepared:
     if body.service_tier not in (None, "auto", "default"):
         raise invalid("service_tier", f"{body.service_tier!r}: this server has one tier "
                                       "('auto' or 'default')")
+    stream_options(body, ("include_obfuscation",))
     if not body.input:
         raise invalid("input", "must not be empty")
     sampling = SamplingParams(
