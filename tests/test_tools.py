@@ -342,8 +342,67 @@ def test_auto_parses_a_call_the_model_chose_to_write(client, plan, engine, strea
                         SCHEMAS[deltas[0].function.name])
 
 
-def test_auto_with_free_text_is_plain_content(client, plan):
-    r = client.chat.completions.create(model=plan.model.id, messages=MSGS, tools=TOOLS,
+def _special_markup_model(tmp_path):
+    """The embedded model's tokenizer with <tool_call> and </tool_call> added as special
+    tokens, as Qwen's vocabulary holds them; its ids."""
+    for f in EMBEDDED_MODEL.iterdir():
+        if f.name != "tokenizer.json":
+            (tmp_path / f.name).symlink_to(f)
+    spec = json.loads((EMBEDDED_MODEL / "tokenizer.json").read_text())
+    n = len(spec["model"]["vocab"])
+    spec["added_tokens"] += [{"id": n + i, "content": c, "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False, "special": True}
+                             for i, c in enumerate(("<tool_call>", "</tool_call>"))]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    return n, n + 1
+
+
+@pytest.mark.parametrize("special", [False, True])
+def test_strict_tools_hold_auto_calls_to_their_schemas(tmp_path, special):
+    """tool_choice auto with a `strict: true` tool: text, then calls valid for their schemas,
+    or the end (it was parsed, unconstrained: strict was accepted and ignored). Where the
+    vocabulary holds the markup as special tokens, the model may write those (a text-only
+    grammar masked them)."""
+    from mlx_lm.tokenizer_utils import load
+
+    from appliance.api.output import output_spec
+
+    start, end = _special_markup_model(tmp_path) if special else (None, None)
+    tok = load(tmp_path if special else EMBEDDED_MODEL)
+    n_vocab = len(tok.get_vocab())
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}}
+              for t in TOOLS]
+
+    def ids(*parts):
+        return [t for p in parts for t in ([p] if isinstance(p, int)
+                                           else tok.encode(p, add_special_tokens=False))]
+
+    def takes(spec, *parts):
+        m = spec.grammar._pristine.deep_copy()
+        return m.consume_tokens(ids(*parts)) and m.is_accepting()
+
+    spec = output_spec(tok, n_vocab, strict, "auto", None, None)
+    call = '\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
+    bad = '\n{"name": "add", "arguments": {"a": 1, "b": 200}}\n'
+    marks = (start, end) if special else ("<tool_call>", "</tool_call>")
+    assert takes(spec, "Let me add them.\n", marks[0], call, marks[1])
+    assert takes(spec, marks[0], call, marks[1], "\n", marks[0], call, marks[1])
+    assert takes(spec, "Just text, with a < sign.")
+    assert not takes(spec, "Adding.\n", marks[0], bad, marks[1])
+    assert not takes(spec, marks[0], call, marks[1], " and more text")
+    one = output_spec(tok, n_vocab, strict, "auto", False, None)  # parallel_tool_calls=false
+    assert not takes(one, marks[0], call, marks[1], "\n", marks[0], call, marks[1])
+    if special:  # a forced call may use the special tokens too
+        forced = output_spec(tok, n_vocab, strict, "required", None, None)
+        assert takes(forced, start, call, end)
+    assert output_spec(tok, n_vocab, TOOLS, "auto", None, None).grammar is None  # not strict
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_auto_with_free_text_is_plain_content(client, plan, strict):
+    tools = [{"type": "function", "function": {**t["function"], "strict": strict}}
+             for t in TOOLS]
+    r = client.chat.completions.create(model=plan.model.id, messages=MSGS, tools=tools,
                                        max_tokens=20)
     assert r.choices[0].finish_reason in ("stop", "length")  # the tiny model writes prose
     assert "<tool_call>" not in (r.choices[0].message.content or "")
@@ -570,6 +629,12 @@ def test_forcing_a_call_is_refused_by_name_where_calls_are_not_json(tmp_path):
             r = c.chat.completions.create(model=plan.model.id, messages=MSGS, tools=TOOLS,
                                           tool_choice=choice, max_tokens=5)
             assert r.choices[0].finish_reason in ("stop", "length")
+        # a strict tool's calls cannot be held to its schema either: said, not ignored
+        strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=plan.model.id, messages=MSGS, tools=strict,
+                                      max_tokens=5)
+        assert e.value.param == "tools" and "strict tools off" in e.value.message
 
 
 @pytest.mark.parametrize("body,param", [

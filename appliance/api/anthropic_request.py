@@ -168,14 +168,14 @@ def _tools(tools) -> list[dict] | None:
                                               "input_schema) are supported")
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise invalid(f"tools[{i}].name", "every tool needs a name")
-        # (strict: calls are constrained to input_schema either way)
         only_known(t, ("type", "name", "description", "input_schema", "cache_control",
                        "strict"), f"tools[{i}]")
         if not isinstance(t.get("input_schema"), dict):
             raise invalid(f"tools[{i}].input_schema", "must be a JSON schema object")
+        if t.get("strict") not in (None, True, False):
+            raise invalid(f"tools[{i}].strict", "must be a boolean")
         fn = {"name": t["name"], "parameters": t["input_schema"]}
-        if t.get("description"):
-            fn["description"] = t["description"]
+        fn |= {k: t[k] for k in ("description", "strict") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
 

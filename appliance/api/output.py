@@ -7,8 +7,9 @@ terms; the Anthropic and Responses endpoints translate to them) into:
 - the `ToolFormat` that parses calls out of the text (tool_choice "auto");
 - for tool_choice "none", a grammar that keeps the text from starting a call;
 - the grammar a constrained row decodes under: the response's JSON schema, a forced call
-  (tool_choice "required" or a named function), or either of the two (JSON content or a
-  call, for "auto" with a response format).
+  (tool_choice "required" or a named function), either of the two (JSON content or a
+  call, for "auto" with a response format), or text then calls held to their schemas (for
+  "auto" with a `strict: true` tool: OpenAI's promise that its calls match the schema).
 """
 
 from __future__ import annotations
@@ -70,17 +71,23 @@ def output_spec(tokenizer, n_vocab: int, tools, tool_choice, parallel: bool | No
         tools = tl.check_tools(tools, tools_param)
         mode, offered = tl.chosen(tools, tool_choice)
         if mode != "none":
-            fmt = replace(tl.tool_format(tokenizer, tools_param), tools=tools,
-                          max_calls=1 if parallel is False else None,
-                          forced=mode == "required")
+            fmt = tl.tool_format(tokenizer, tools_param)
+            fmt = replace(fmt, tools=tools, max_calls=1 if parallel is False else None,
+                          forced=mode == "required",
+                          start_token=tl.special_token(tokenizer, n_vocab, fmt.start),
+                          end_token=tl.special_token(tokenizer, n_vocab, fmt.end))
     elif tool_choice not in (None, "none", "auto"):
         raise invalid("tool_choice", "needs tools")
+    # a strict tool's calls are held to its schema under auto too: text, then calls or nothing
+    strict = mode == "auto" and schema is None and any(t["function"].get("strict") is True
+                                                       for t in offered)
     rules, start = [], []
     if schema is not None and mode != "required":
         rules.append(f"content: {json_rule(schema)}")
         start.append("content")
-    if fmt is not None and (mode == "required" or schema is not None):
-        rules.append(tl.calls_lark(fmt, offered, fmt.max_calls))
+    if fmt is not None and (mode == "required" or schema is not None or strict):
+        rules.append(tl.calls_lark(fmt, offered, fmt.max_calls,
+                                   tools_param if strict else "tool_choice", after_text=strict))
         start.append("calls")
     lark = "\n".join([f"start: {' | '.join(start)}", *rules]) if start else None
     if lark is None and mode == "none" and tools and getattr(tokenizer, "has_tool_calling",

@@ -173,7 +173,10 @@ def _tools(tools) -> list[dict] | None:
             kind = t.get("type") if isinstance(t, dict) else None
             raise invalid(f"tools[{i}].type", f"{kind!r}: only function tools are supported")
         only_known(t, ("type", "name", "description", "parameters", "strict"), f"tools[{i}]")
-        fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+        if t.get("strict") not in (None, True, False):
+            raise invalid(f"tools[{i}].strict", "must be a boolean")
+        fn = {k: t[k] for k in ("name", "description", "parameters", "strict")
+              if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
 

@@ -28,6 +28,9 @@ class ToolFormat:
     tools: list = field(default_factory=list)
     max_calls: int | None = None  # 1 with parallel_tool_calls=false
     forced: bool = False  # tool_choice required or named: the text is calls only (a grammar)
+    # start / end as one special token of the vocabulary, where they are (see calls_lark)
+    start_token: int | None = None
+    end_token: int | None = None
 
 
 def check_tools(tools, param: str = "tools") -> list[dict]:
@@ -43,8 +46,10 @@ def check_tools(tools, param: str = "tools") -> list[dict]:
         fn = t.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid(f"{param}[{i}].function.name", "every function needs a name")
-        # (strict: calls are constrained to `parameters` whatever it says)
+        # (strict: forced calls are constrained either way; under auto, see output.py)
         only_known(fn, ("name", "description", "parameters", "strict"), f"{param}[{i}].function")
+        if fn.get("strict") not in (None, True, False):
+            raise invalid(f"{param}[{i}].function.strict", "must be a boolean")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise invalid(f"{param}[{i}].function.parameters", "must be a JSON schema object")
@@ -147,23 +152,40 @@ def parser_name(fmt: ToolFormat) -> str:
 
 
 def calls_lark(fmt: ToolFormat, tools: list[dict], max_calls: int | None,
-               param: str = "tool_choice") -> str:
+               param: str = "tool_choice", after_text: bool = False) -> str:
     """Lark rules for `calls`: one call (or several, newline-separated) of these tools, each
     `start {"name": ..., "arguments": {...}} end` with the arguments valid for its function.
+    `after_text` (tool_choice auto, strict tools): `calls` is any text without the start of a
+    call, then calls or the end.
 
-    Only the JSON call format (mlx-lm's json_tools parser: Hermes, Qwen 2.5/3) can be written
-    as a grammar here; another model's format (qwen3_coder's XML-like parameters, mistral's,
-    pythonic, ...) is refused with a 400 rather than forced approximately."""
+    Where the vocabulary holds start / end as one special token (llguidance keeps special
+    tokens out of text), the markup is that token or the text: the mask would otherwise
+    forbid the token the model was trained to write. Only the JSON call format (mlx-lm's
+    json_tools parser: Hermes, Qwen 2.5/3) can be written as a grammar here; another model's
+    format (qwen3_coder's XML-like parameters, mistral's, pythonic, ...) is refused with a
+    400 rather than held to it approximately."""
     if parser_name(fmt) != "json_tools":
-        raise invalid(param, "forcing a tool call (required, or a named function) is only "
-                             "supported for models that write tool calls as JSON (mlx-lm's "
-                             f"json_tools parser, Hermes style); this model's tool-call "
-                             f"format is mlx-lm's {parser_name(fmt)!r}. Use tool_choice "
-                             "'auto' (calls are parsed from the text) or 'none'")
+        raise invalid(param, "holding a tool call to its schema (tool_choice required or a "
+                             "named function; strict tools) is only supported for models that "
+                             "write tool calls as JSON (mlx-lm's json_tools parser, Hermes "
+                             f"style); this model's tool-call format is mlx-lm's "
+                             f"{parser_name(fmt)!r}. Use tool_choice 'auto' with strict tools "
+                             "off (calls are parsed from the text) or 'none'")
+
+    def markup(text: str, token: int | None) -> str:
+        return lark_string(text) if token is None else f"({lark_string(text)} | <[{token}]>)"
+
     alts = " | ".join(f"call_{i}" for i in range(len(tools)))
     more = "" if max_calls == 1 else f" ({lark_string(NL)} call)*"
-    rules = [f"calls: call{more}",
-             f"call: {lark_string(fmt.start + NL)} ({alts}) {lark_string(NL + fmt.end)}"]
+    body = f"{lark_string(NL)} ({alts}) {lark_string(NL)} {markup(fmt.end, fmt.end_token)}"
+    rules = [f"call: {markup(fmt.start, fmt.start_token)} body", f"body: {body}"]
+    if not after_text:
+        rules.insert(0, f"calls: call{more}")
+    else:  # (a lazy lexeme ends at the markup written as text; TEXT alone is greedy)
+        lead = [f"lead body{more}"] + ([] if fmt.start_token is None else
+                                      [f"TEXT? <[{fmt.start_token}]> body{more}"])
+        rules[:0] = [f"calls: TEXT | {' | '.join(lead)}",
+                     f"lead[lazy]: /(?s:.*){_regex(fmt.start)}/", _text_without(fmt.start)]
     rules += [f"call_{i}: {json_rule(call_schema(t))}" for i, t in enumerate(tools)]
     return "\n".join(rules)
 
@@ -171,11 +193,28 @@ def calls_lark(fmt: ToolFormat, tools: list[dict], max_calls: int | None,
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
 
 
+def _regex(text: str) -> str:
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+def _text_without(marker: str) -> str:
+    return f"TEXT: /(?s:.*)/ & ~/(?s:.*){_regex(marker)}(?s:.*)/"
+
+
 def no_calls_lark(fmt: ToolFormat) -> str:
     """Lark rules for tool_choice "none": any text without the start of a tool call (the
     tools stay in the prompt, as OpenAI keeps them; the model may not call one)."""
-    marker = "".join("\\" + c if c in _REGEX_META else c for c in fmt.start)
-    return f"start: TEXT\nTEXT: /(?s:.*)/ & ~/(?s:.*){marker}(?s:.*)/"
+    return f"start: TEXT\n{_text_without(fmt.start)}"
+
+
+def special_token(tokenizer, n_vocab: int, text: str) -> int | None:
+    """The id of `text` where the vocabulary holds it as one special token, else None."""
+    from appliance.api.grammar import ll_tokenizer
+
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    tid = (hf.get_added_vocab() if hasattr(hf, "get_added_vocab") else {}).get(text)
+    return tid if tid is not None and ll_tokenizer(tokenizer, n_vocab).is_special_token(tid) \
+        else None
 
 
 def message_tool_calls(calls, param: str) -> list[dict]:
