@@ -58,13 +58,23 @@ def test_a_final_assistant_turn_is_continued(claude, client, plan):
     assert m.content[0].text == r.choices[0].text
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == r.usage.prompt_tokens
     # where a continuation cannot be what was asked, refused by name
+    strict = [{**TOOLS[0], "strict": True}]
     for last, extra, why in (("def add(a, b): ", {}, "cannot end with whitespace"),
                              ("{", {"output_config": {"format": {
                                  "type": "json_schema", "schema": WEATHER}}},
-                              "under a forced tool choice or an output format")):
+                              "under a forced tool choice or an output format"),
+                             ("Sure: <tool_call>", {"tools": strict}, "starts a tool call"),
+                             ("Sure: <tool_call>", {"tools": TOOLS,
+                                                    "tool_choice": {"type": "none"}},
+                              "starts a tool call")):
         with pytest.raises(anthropic.BadRequestError, match=why):
             claude.messages.create(model=plan.model.id, max_tokens=4, **extra, messages=[
                 turns[0], {"role": "assistant", "content": last}])
+    # a grammar that starts with free text (strict tools under auto; tool_choice none)
+    # continues a prefill (it was a 400 naming a forced choice the request did not make)
+    for extra in ({"tools": strict}, {"tools": TOOLS, "tool_choice": {"type": "none"}}):
+        m = claude.messages.create(model=plan.model.id, max_tokens=4, **extra, messages=turns)
+        assert m.stop_reason in ("end_turn", "max_tokens") and m.content[0].type == "text"
 
 
 def test_prefix_cache_reads_are_reported():

@@ -26,6 +26,9 @@ class OutputSpec:
     template_tools: list | None
     tools: tl.ToolFormat | None
     grammar: Grammar | None
+    # where the grammar starts with free text (tool_choice none; strict tools under auto):
+    # the call markup that ends it. A prefilled reply may precede such a grammar.
+    text_until: str | None = None
 
 
 def annotations(spec: dict, param: str) -> None:
@@ -90,10 +93,12 @@ def output_spec(tokenizer, n_vocab: int, tools, tool_choice, parallel: bool | No
                                    tools_param if strict else "tool_choice", after_text=strict))
         start.append("calls")
     lark = "\n".join([f"start: {' | '.join(start)}", *rules]) if start else None
+    text_until = fmt.start if strict else None
     if lark is None and mode == "none" and tools and getattr(tokenizer, "has_tool_calling",
                                                              False):
         # the tools stay in the prompt; the text may not start a call
-        lark = tl.no_calls_lark(tl.tool_format(tokenizer, tools_param))
+        none_fmt = tl.tool_format(tokenizer, tools_param)
+        lark, text_until = tl.no_calls_lark(none_fmt), none_fmt.start
     grammar = None
     if lark is not None:
         try:
@@ -103,7 +108,7 @@ def output_spec(tokenizer, n_vocab: int, tools, tool_choice, parallel: bool | No
             _blame(tokenizer, n_vocab, schema, schema_param, tools, offered if fmt else [],
                    tools_param)
             raise
-    return OutputSpec(tools or None, fmt, grammar)
+    return OutputSpec(tools or None, fmt, grammar, text_until)
 
 
 def _blame(tokenizer, n_vocab, schema, schema_param, tools, offered, tools_param) -> None:

@@ -309,9 +309,12 @@ def _check_prefill(last: dict, out, param: str) -> None:
         raise invalid(param, "a final assistant turn with a tool call cannot be continued")
     if last["content"] != last["content"].rstrip():
         raise invalid(param, "a final assistant turn cannot end with whitespace")
-    if out.grammar is not None:  # (its grammar would constrain the reply from its start)
+    if out.grammar is not None and out.text_until is None:  # (it holds the reply from its start)
         raise invalid(param, "a final assistant turn cannot be continued under a forced "
                              "tool choice or an output format")
+    if out.text_until and out.text_until in last["content"]:  # (a call begun: held to nothing)
+        raise invalid(param, "a final assistant turn that starts a tool call cannot be "
+                             "continued under strict tools or tool_choice none")
 
 
 MAX_CHECKPOINT_RENDERS = 8  # templates rendered per request to find message ends
