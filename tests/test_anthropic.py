@@ -209,6 +209,7 @@ def test_count_tokens_counts_past_the_context_limit(claude, plan):
     ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "get_weather", "foo": 1}}, 400,
      "tool_choice.foo"),
     ({"inference_geo": "us"}, 400, "inference_geo"),
+    ({"extra_body": {"thread": {"type": "create"}}}, 400, "threads are not kept"),
     ({"extra_body": {"not_a_field": 1}}, 400, "not_a_field"),
     ({"service_tier": "priority"}, 400, "service_tier"),
     ({"model": "claude-nope"}, 404, "claude-nope"),

@@ -62,6 +62,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     context_management: Refused = None
     diagnostics: Refused = None
     inference_geo: Refused = None
+    thread: Refused = None
 
 
 REFUSED = {"thinking": "extended thinking is not supported",
@@ -69,7 +70,10 @@ REFUSED = {"thinking": "extended thinking is not supported",
            "mcp_servers": "MCP servers are not supported",
            "context_management": "context management is not supported",
            "diagnostics": "prompt-cache diagnostics are not supported",
-           "inference_geo": "this server runs where it runs"}
+           "inference_geo": "this server runs where it runs",
+           # (the SDK's beta tool_runner asks for one)
+           "thread": "server-side message threads are not kept: send the conversation in "
+                     "messages"}
 
 # What each block may carry. cache_control is accepted: prefix caching here is automatic,
 # so every breakpoint is honored (and more).
