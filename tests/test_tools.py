@@ -344,7 +344,7 @@ def test_auto_parses_a_call_the_model_chose_to_write(client, plan, engine, strea
 
 def _special_markup_model(tmp_path):
     """The embedded model's tokenizer with <tool_call> and </tool_call> added as special
-    tokens, as Qwen's vocabulary holds them; its ids."""
+    tokens (`special: true`), as some vocabularies hold them; its ids."""
     for f in EMBEDDED_MODEL.iterdir():
         if f.name != "tokenizer.json":
             (tmp_path / f.name).symlink_to(f)
