@@ -418,6 +418,8 @@ def test_auto_with_free_text_is_plain_content(client, plan, strict):
     ({"tools": [*TOOLS, {"type": "function", "function": {"name": "add"}}]}, "tools[2]"),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"parallel_tool_calls": True}, "parallel_tool_calls"),  # without tools: OpenAI's 400 too
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": 1}}]},
+     "tools[0].function.strict"),  # (1 == True in Python: a number is no boolean here)
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
 ])

@@ -176,7 +176,7 @@ def _tools(tools) -> list[dict] | None:
                        "strict"), f"tools[{i}]")
         if not isinstance(t.get("input_schema"), dict):
             raise invalid(f"tools[{i}].input_schema", "must be a JSON schema object")
-        if t.get("strict") not in (None, True, False):
+        if not isinstance(t.get("strict", False), bool | None):
             raise invalid(f"tools[{i}].strict", "must be a boolean")
         fn = {"name": t["name"], "parameters": t["input_schema"]}
         fn |= {k: t[k] for k in ("description", "strict") if t.get(k) is not None}
@@ -195,10 +195,10 @@ def _tool_choice(choice) -> tuple[Any, bool | None]:
     if choice is None:
         return None, None
     kind = choice.get("type")
-    if kind not in CHOICE_KEYS:
+    if not isinstance(kind, str) or kind not in CHOICE_KEYS:
         raise invalid("tool_choice.type", f"{kind!r} is not one of auto, any, tool, none")
     only_known(choice, CHOICE_KEYS[kind], "tool_choice")
-    if not isinstance(choice.get("disable_parallel_tool_use", False), bool):
+    if not isinstance(choice.get("disable_parallel_tool_use", False), bool | None):
         raise invalid("tool_choice.disable_parallel_tool_use", "must be a boolean")
     parallel = False if choice.get("disable_parallel_tool_use") else None
     if kind == "tool":

@@ -173,7 +173,7 @@ def _tools(tools) -> list[dict] | None:
             kind = t.get("type") if isinstance(t, dict) else None
             raise invalid(f"tools[{i}].type", f"{kind!r}: only function tools are supported")
         only_known(t, ("type", "name", "description", "parameters", "strict"), f"tools[{i}]")
-        if t.get("strict") not in (None, True, False):
+        if not isinstance(t.get("strict", False), bool | None):
             raise invalid(f"tools[{i}].strict", "must be a boolean")
         fn = {k: t[k] for k in ("name", "description", "parameters", "strict")
               if t.get(k) is not None}

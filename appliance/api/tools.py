@@ -48,7 +48,7 @@ def check_tools(tools, param: str = "tools") -> list[dict]:
             raise invalid(f"{param}[{i}].function.name", "every function needs a name")
         # (strict: forced calls are constrained either way; under auto, see output.py)
         only_known(fn, ("name", "description", "parameters", "strict"), f"{param}[{i}].function")
-        if fn.get("strict") not in (None, True, False):
+        if not isinstance(fn.get("strict", False), bool | None):
             raise invalid(f"{param}[{i}].function.strict", "must be a boolean")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
