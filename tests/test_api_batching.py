@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -101,6 +102,39 @@ def test_over_budget_is_400_and_full_queue_is_429():
         for w in workers:
             w.join()
         assert [r.status_code for r in results] == [200, 200]  # the queued one was served
+
+
+def test_a_request_the_kv_budget_holds_back_waits_in_the_queue():
+    """Rows free by count but not by KV budget: the request waits for a row, so it counts
+    toward batch.max_queue, /stats' pending_rows and the queue-wait metric (it counted as
+    admitted, and the queue took more than max_queue)."""
+    with app_for(["batch.max_rows=4", "batch.max_queue=1", "batch.kv_budget=2MiB",
+                  "cache=ram"]) as (plan, engine, url):
+        no_eos = {str(t): -100 for t in engine.eos_ids}
+        long = {"model": plan.model.id, "prompt": "def ",
+                "max_tokens": plan.server.max_context - 16, "logit_bias": no_eos}
+        results = []
+
+        def send():
+            results.append(httpx.post(f"{url}/v1/completions", json=long, timeout=120))
+
+        workers = [threading.Thread(target=send) for _ in range(2)]
+        workers[0].start()  # holds the budget: one such row fits
+        _wait_for(lambda: engine.stats()["active_rows"] == 1)
+        workers[1].start()  # 3 rows free, no bytes: it waits
+        _wait_for(lambda: engine.stats()["submitted_rows"] == 2)
+        time.sleep(0.2)  # (a step or more: it is still not admitted)
+        stats = engine.stats()
+        assert stats["active_rows"] == 1 and stats["pending_rows"] == 1
+        third = httpx.post(f"{url}/v1/completions", json=long, timeout=30)
+        assert third.status_code == 429, third.text
+        assert "appliance_queue_depth 1.0" in httpx.get(f"{url}/metrics").text
+        for w in workers:
+            w.join()
+        assert [r.status_code for r in results] == [200, 200]
+        waited = float(re.search(r"^appliance_queue_wait_seconds_sum (\S+)$",
+                                 httpx.get(f"{url}/metrics").text, re.M).group(1))
+        assert waited >= 0.2  # the second request's wait, counted until it had its row
 
 
 def _wait_for(cond, timeout=30):

@@ -96,6 +96,17 @@ class Budget:
     def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         return self.reserved_with(prompt_tokens, max_tokens) <= self.room
 
+    def fitting(self, sizes: list[int], dropping: frozenset[int] = frozenset()) -> int:
+        """How many of `sizes` (rows' prompt + max_tokens tokens, first come first) would be
+        admitted now beside the rows held, less `dropping` (rows that give their KV back on
+        demand)."""
+        held = [t for r, t in self._held.items() if r not in dropping]
+        for n, tokens in enumerate(sizes):
+            held.append(tokens)
+            if self._padded(held) > self.room:
+                return n
+        return len(sizes)
+
     def try_admit(self, rid: int, prompt_tokens: int, max_tokens: int) -> bool:
         if not self.fits_now(prompt_tokens, max_tokens):
             return False

@@ -17,6 +17,7 @@ A request that arrives to an idle engine runs *solo* (`appliance/engine/solo.py`
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -73,6 +74,7 @@ class ContinuousScheduler(SoloRow):
         self._batch = self._new_step()
         self.row_cap = max_rows  # lowered by a failed allocation, back up as rows finish
         self.allocation_failures = 0
+        self._pending = 0
 
     def _new_step(self) -> BatchStep:
         # Head of line: a step is one decode pass plus one chunk of at most `prefill_chunk`
@@ -88,6 +90,7 @@ class ContinuousScheduler(SoloRow):
     def add(self, handle) -> None:
         self.counters.submitted += 1
         self._waiting.append(handle)
+        self._count_pending()
 
     def has_work(self) -> bool:
         return bool(self._waiting) or bool(self._rows) or self._solo is not None
@@ -96,20 +99,31 @@ class ContinuousScheduler(SoloRow):
         return len(self._rows) + (self._solo is not None)
 
     def pending_rows(self) -> int:
-        """Requests waiting for a row. With a prefix cache, a request that has a row free
-        still waits for its turn to prefill (`_admit`); it counts as having its row."""
+        return self._pending  # (read from other threads: a count the engine thread keeps)
+
+    def _count_pending(self) -> None:
+        """Requests waiting for a row: a free slot and KV budget for it. With a prefix cache,
+        a request that has both still waits for its turn to prefill (`_admit`); it counts as
+        having its row. One the budget holds back waits for a row (`batch.max_queue`)."""
         free = max(0, self.row_cap - self.active_rows()) if self.prefix is not None else 0
-        return max(0, len(self._waiting) - free)
+        if free and self._waiting:
+            heads = [h.request for h in itertools.islice(self._waiting, free)]
+            free = self.budget.fitting([len(r.prompt) + r.max_tokens for r in heads],
+                                       dropping=frozenset(self._held.values()))
+        self._pending = max(0, len(self._waiting) - free)
 
     def step(self) -> None:
-        if self.prefix is not None:
-            self.prefix.step_started()
-        self._step()
-        self.counters.kv_bytes = self._live_kv_bytes()
-        live = self._kv_claim()
-        if self.prefix is not None and self.prefix.ssd is not None:  # after the step's tokens
-            self.prefix.flush(None if self.ceiling is None else max(0, self.ceiling - live))
-        self._trim()
+        try:
+            if self.prefix is not None:
+                self.prefix.step_started()
+            self._step()
+            self.counters.kv_bytes = self._live_kv_bytes()
+            live = self._kv_claim()
+            if self.prefix is not None and self.prefix.ssd is not None:  # after the step's tokens
+                self.prefix.flush(None if self.ceiling is None else max(0, self.ceiling - live))
+            self._trim()
+        finally:
+            self._count_pending()
 
     def _step(self) -> None:
         self._reap_cancelled()
@@ -182,6 +196,7 @@ class ContinuousScheduler(SoloRow):
         while self._waiting:
             self.counters.finished += 1
             finish(self._waiting.popleft(), reason, 0, error)
+        self._count_pending()
 
     def check_integrity(self) -> None:
         c = self.counters
