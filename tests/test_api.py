@@ -234,6 +234,17 @@ def test_malformed_json_and_unknown_model(server, client):
     r = httpx.post(f"{server}/v1/completions", content=b"{not json",
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "error" in r.json()
+    # a lone UTF-16 surrogate escape (a JS client's sliced emoji) is not JSON either: msgspec
+    # says "Input data was truncated", which read as the client's fault of another kind
+    for path, body in (("/v1/chat/completions", r'"messages":[{"role":"user","content":"a"}],'
+                                                r'"stop":["\ud800"]'),
+                       ("/v1/messages", r'"messages":[{"role":"user","content":"\ud800"}]'),
+                       ("/v1/completions", r'"prompt":"a\udcffb"'), ("/v1/responses", "")):
+        r = httpx.post(f"{server}{path}", content='{"model":"x","max_tokens":2,' + body + "}",
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"].startswith("invalid request body: not valid JSON"), r.text
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="gpt-9", prompt="x", max_tokens=2)
     assert e.value.body["param"] == "model"

@@ -7,7 +7,7 @@ import re
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from appliance.engine.memory import OUT_OF_MEMORY
@@ -131,6 +131,9 @@ def body_problem(message: str) -> tuple[str | None, str]:
 
 
 def handle_http(_: Request, exc: HTTPException) -> Response:
+    if isinstance(exc.__cause__, SerializationException):  # msgspec could not decode it
+        return _respond(APIError(400, f"invalid request body: not valid JSON ({exc.detail})",
+                                 code="invalid_json"))  # (a lone \ud800 escape is not either)
     return _respond(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
 
 
