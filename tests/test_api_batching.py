@@ -69,9 +69,8 @@ def test_stats_during_load(server, plan):
     assert last["decode_seconds"] > 0
 
 
-def test_over_budget_is_400_and_full_queue_is_429():
-    with app_for(["batch.max_rows=1", "batch.max_queue=1", "batch.kv_budget=2MiB"]) as (
-            plan, engine, url):
+def test_over_budget_is_400():
+    with app_for(["batch.max_rows=1", "batch.kv_budget=2MiB"]) as (plan, engine, url):
         # the plan caps the context at what one row may hold in the budget (in 256s)
         fits = 2 * 1024**2 // plan.kv.bytes_per_token  # tokens one row may hold
         assert plan.server.max_context == fits // 256 * 256 < fits
@@ -82,6 +81,15 @@ def test_over_budget_is_400_and_full_queue_is_429():
         assert "server.max_context" in err["message"] and err["param"] == "prompt"
         assert err["code"] == "context_length_exceeded"
 
+
+@pytest.mark.parametrize("held_by", ["max_rows", "kv_budget"])
+def test_a_full_queue_is_429(held_by):
+    """One long row runs; the second waits for a row, held back by the row count or, with
+    rows free, by the KV budget: either way it fills batch.max_queue=1 and shows in
+    pending_rows and the queue metrics (held back by the budget beside a prefix cache, it
+    counted as admitted, and the queue took more than max_queue)."""
+    rows = ["batch.max_rows=1"] if held_by == "max_rows" else ["batch.max_rows=4", "cache=ram"]
+    with app_for([*rows, "batch.max_queue=1", "batch.kv_budget=2MiB"]) as (plan, engine, url):
         no_eos = {str(t): -100 for t in engine.eos_ids}
         long = {"model": plan.model.id, "prompt": "def ",
                 "max_tokens": plan.server.max_context - 16, "logit_bias": no_eos}
@@ -91,10 +99,14 @@ def test_over_budget_is_400_and_full_queue_is_429():
             results.append(httpx.post(f"{url}/v1/completions", json=long, timeout=120))
 
         workers = [threading.Thread(target=send) for _ in range(2)]
-        workers[0].start()  # the only row
+        workers[0].start()  # the only row that fits
         _wait_for(lambda: engine.stats()["active_rows"] == 1)
         workers[1].start()  # waits for a row: the queue is now full
-        _wait_for(lambda: engine.stats()["pending_rows"] == 1)
+        _wait_for(lambda: engine.stats()["submitted_rows"] == 2)
+        time.sleep(0.2)  # (a step or more: it is still not admitted)
+        stats = engine.stats()
+        assert stats["active_rows"] == 1 and stats["pending_rows"] == 1
+        assert "appliance_queue_depth 1.0" in httpx.get(f"{url}/metrics").text
         third = httpx.post(f"{url}/v1/completions", json=long, timeout=30)
         assert third.status_code == 429, third.text
         assert third.headers["retry-after"] == "1"
@@ -102,36 +114,6 @@ def test_over_budget_is_400_and_full_queue_is_429():
         for w in workers:
             w.join()
         assert [r.status_code for r in results] == [200, 200]  # the queued one was served
-
-
-def test_a_request_the_kv_budget_holds_back_waits_in_the_queue():
-    """Rows free by count but not by KV budget: the request waits for a row, so it counts
-    toward batch.max_queue, /stats' pending_rows and the queue-wait metric (it counted as
-    admitted, and the queue took more than max_queue)."""
-    with app_for(["batch.max_rows=4", "batch.max_queue=1", "batch.kv_budget=2MiB",
-                  "cache=ram"]) as (plan, engine, url):
-        no_eos = {str(t): -100 for t in engine.eos_ids}
-        long = {"model": plan.model.id, "prompt": "def ",
-                "max_tokens": plan.server.max_context - 16, "logit_bias": no_eos}
-        results = []
-
-        def send():
-            results.append(httpx.post(f"{url}/v1/completions", json=long, timeout=120))
-
-        workers = [threading.Thread(target=send) for _ in range(2)]
-        workers[0].start()  # holds the budget: one such row fits
-        _wait_for(lambda: engine.stats()["active_rows"] == 1)
-        workers[1].start()  # 3 rows free, no bytes: it waits
-        _wait_for(lambda: engine.stats()["submitted_rows"] == 2)
-        time.sleep(0.2)  # (a step or more: it is still not admitted)
-        stats = engine.stats()
-        assert stats["active_rows"] == 1 and stats["pending_rows"] == 1
-        third = httpx.post(f"{url}/v1/completions", json=long, timeout=30)
-        assert third.status_code == 429, third.text
-        assert "appliance_queue_depth 1.0" in httpx.get(f"{url}/metrics").text
-        for w in workers:
-            w.join()
-        assert [r.status_code for r in results] == [200, 200]
         waited = float(re.search(r"^appliance_queue_wait_seconds_sum (\S+)$",
                                  httpx.get(f"{url}/metrics").text, re.M).group(1))
         assert waited >= 0.2  # the second request's wait, counted until it had its row
