@@ -111,6 +111,11 @@ def run(cfg) -> int:
         print(PlanError(problems).render(), file=sys.stderr)
         if cfg.mode == "bench" and hc.mode != RunMode.MULTIRUN:
             _drop_if_empty(hc.runtime.output_dir)  # a refused bench leaves no ./bench/<time>/
+        elif cfg.mode == "bench":  # a sweep's cell: its report row says why
+            from pathlib import Path
+
+            Path(hc.runtime.output_dir, "error.txt").write_text(
+                "refused: " + "; ".join(problems) + "\n")
         return 2
 
     if hc.mode == RunMode.MULTIRUN:
@@ -130,6 +135,8 @@ def run(cfg) -> int:
             if hc.mode != RunMode.MULTIRUN:
                 _drop_if_empty(hc.runtime.output_dir)
             raise
+        except Exception as e:
+            return _failed(e, Path(hc.runtime.output_dir), cfg.bench.target)
         return 0
     if cfg.mode == "tune":
         from pathlib import Path
@@ -138,11 +145,29 @@ def run(cfg) -> int:
 
         if hc.mode != RunMode.MULTIRUN:
             return tune.launch(cfg, plan, task)
-        _objective = tune.trial(cfg, plan, Path(hc.runtime.output_dir), task)
+        try:
+            _objective = tune.trial(cfg, plan, Path(hc.runtime.output_dir), task)
+        except Exception as e:
+            _objective = tune.FAILED
+            _failed(e, Path(hc.runtime.output_dir), "self")
         return 0
     from appliance.serve import serve
 
     return serve(plan)  # 0, or EXIT_ENGINE_FAILED for a supervisor to restart it
+
+
+def _failed(e: Exception, out, target: str) -> int:
+    """A measurement that failed at run time (a server that did not start, a target that
+    does not answer): said on stderr and in the cell's error.txt, with its traceback, so a
+    sweep goes on to its other cells and its report shows this one failed. Exit code 1."""
+    import traceback
+
+    what = f"{type(e).__name__}: {e}" + ("" if target == "self" else f" (bench.target={target})")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "error.txt").write_text(what + "\n\n" + "".join(traceback.format_exception(e)))
+    print(f"appliance: the bench failed: {what}; traceback in {out / 'error.txt'}",
+          file=sys.stderr)
+    return 1
 
 
 def _drop_if_empty(run_dir: str) -> None:

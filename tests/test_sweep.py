@@ -156,3 +156,20 @@ def test_tune_writes_a_profile_that_resolves(tmp_path):
     assert r.returncode == 2
     assert "tune.max_rows=[2,4] batch.max_rows=8: a setting on the command line stays " \
         "fixed" in r.stderr and "tune.ram_bytes=[1GiB]: cache=none has no RAM tier" in r.stderr
+
+
+def test_a_cell_that_fails_at_run_time_is_a_row_of_the_report(tmp_path):
+    """A cell whose bench fails (here its target does not answer) is said on stderr and in
+    its error.txt, and the sweep goes on to its report (Hydra re-raised the job's error,
+    so no report was written, and the exit code was the plan error's 2)."""
+    r = _cli(["-m", "mode=bench", "bench=fleet", "bench.target=self,http://127.0.0.1:9",
+              "bench.clients=2", "bench.system_tokens=64", "bench.user_tokens=16",
+              "bench.max_tokens=8", "bench.progress=false"], tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "appliance: the bench failed: ConnectError" in r.stderr
+    assert "(bench.target=http://127.0.0.1:9)" in r.stderr and "Traceback" not in r.stderr
+    [root] = list(tmp_path.glob("multirun/*/*"))
+    assert "Traceback" in (root / "1" / "error.txt").read_text()
+    table = list(csv.DictReader((root / "sweep.csv").open()))
+    assert float(table[0]["agg tok/s"]) > 0 and table[1]["agg tok/s"] == ""
+    assert table[1]["target"].startswith("(failed: ConnectError")

@@ -78,7 +78,9 @@ def rows(cells: list[Cell]) -> tuple[list[str], list[str], list[dict]]:
     for (cell, doc), kn in zip(docs, knobs, strict=True):
         row: dict[str, Any] = {"cell": cell.name, **{k: kn.get(k, "-") for k in swept}}
         if doc is None:
-            row["target"] = "(failed: no bench.json; see the log)"
+            err = cell / "error.txt"  # a refused plan, or a bench that failed (cli._failed)
+            row["target"] = (f"(failed: {err.read_text().splitlines()[0]})" if err.is_file()
+                             else "(failed: no bench.json)")
         else:
             row["target"] = doc.get("target", {}).get("kind", "-")
             for col, key in METRICS:
