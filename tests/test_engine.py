@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 from conftest import golden, golden_cases, run_engine
 
@@ -116,3 +119,45 @@ def test_a_failing_request_does_not_stop_the_engine(any_engine):
     toks, fin = run_engine(engine, GenerationRequest(ids, 5))
     assert fin.reason in (FinishReason.LENGTH, FinishReason.STOP) and fin.error is None
     assert toks and len(toks) <= 5
+
+
+@pytest.mark.parametrize("end", ["cancel", "stop"])
+def test_a_lone_long_prefill_ends_between_its_chunks(monkeypatch, end):
+    """A lone row prefilled its whole prompt before the engine looked again: a client gone
+    or a server stopping mid-prefill waited out every chunk (a 50k-token prompt: ~130 s on
+    CPU, and uvicorn's drain timeout answered 500). Now each chunk is one engine step, and
+    nothing of the unfinished prompt is stored as a turn."""
+    from conftest import resolve_overrides
+
+    from appliance.engine import Finished, build_engine
+
+    engine = build_engine(resolve_overrides(["batch.prefill_chunk=64", "cache=ram"]))
+    model_cls, passes = type(engine.model), []
+    real = model_cls.__call__
+    ids = engine.tokenizer.encode(open(__file__).read()[:6000])[:1600]  # 25 chunks
+
+    async def go():
+        handle = engine.submit(GenerationRequest(ids, 8, SamplingParams()))
+
+        def counted(self, *a, **kw):
+            passes.append(1)
+            if len(passes) == 3:
+                handle.cancel() if end == "cancel" else threading.Thread(
+                    target=engine.stop).start()
+            return real(self, *a, **kw)
+
+        monkeypatch.setattr(model_cls, "__call__", counted)
+        got = []
+        async for ev in handle:
+            if isinstance(ev, Finished):
+                return got, ev
+            got.append(ev.id)
+
+    try:
+        got, fin = asyncio.run(go())
+    finally:
+        monkeypatch.setattr(model_cls, "__call__", real)
+        engine.stop()
+    assert got == [] and fin.reason == FinishReason.CANCELLED
+    assert len(passes) <= 4  # the chunk in flight (and one more at most): not all 25
+    assert engine.scheduler.prefix.stats()["ram"]["entries"] == 0

@@ -127,7 +127,7 @@ class ContinuousScheduler(SoloRow):
 
     def _step(self) -> None:
         self._reap_cancelled()
-        if self._solo is not None and self._head_fits():
+        if self._solo is not None and self._solo[1].prefilled and self._head_fits():
             self._hand_over()  # a second row can join: continue batched
         elif self.drafter is not None and len(self._rows) == 1 and not self._waiting \
                 and self.control.alone():

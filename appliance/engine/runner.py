@@ -45,17 +45,41 @@ class Decoder:
 
     def __init__(self, model, prompt: list[int], sampling: SamplingParams, prefill_chunk: int,
                  cache: list | None = None, cached: int = 0, checkpoints: tuple[int, ...] = (),
-                 on_checkpoint=None, scheme: Scheme | None = None):
+                 on_checkpoint=None, scheme: Scheme | None = None, eager: bool = True):
         """`cache` already holds prompt[:cached] (a prefix-cache hit). Prefill pauses at
         every checkpoint in `checkpoints` and at len(prompt) - 1 when `on_checkpoint` is
         given, calling on_checkpoint(tokens, cache) there (the callee copies). `scheme`:
         the KV scheme; its quantized layers convert after each forward pass once they hold
-        `kv.start` tokens, as generate_step's `kv_bits` does."""
+        `kv.start` tokens, as generate_step's `kv_bits` does. Not `eager`: the caller runs
+        the prefill a chunk at a time (`prefill`), so a long prompt can be cancelled or
+        stopped between its chunks."""
         self.model, self.scheme = model, scheme or Scheme()
         self.sampler, self.processors = make_sampler(sampling), make_processors(sampling)
         self.cache = cache if cache is not None else self.scheme.make_cache(model)
         self.history = list(prompt)  # every token fed to the cache so far, in order
         self._seen = mx.array(prompt[:cached]) if self.processors and cached else None
+        self.emitted = 0
+        self._chunks = self._prefill(prompt, cached, checkpoints, on_checkpoint, prefill_chunk)
+        while eager and not self.prefill():
+            pass
+
+    @property
+    def prefilled(self) -> bool:
+        """Whether the prompt is in and its first token queued (`pending`)."""
+        return self._chunks is None
+
+    def prefill(self) -> bool:
+        """Run the next prefill chunk; True once the prompt is in (then nothing more to run)."""
+        if self._chunks is None:
+            return True
+        try:
+            next(self._chunks)
+            return False
+        except StopIteration:
+            self._chunks = None
+            return True
+
+    def _prefill(self, prompt, cached, checkpoints, on_checkpoint, prefill_chunk):
         stops = sorted({c for c in checkpoints if cached < c < len(prompt) - 1}
                        | {len(prompt) - 1}) if on_checkpoint else []
         pos, rest = cached, mx.array(prompt[cached:])
@@ -64,7 +88,7 @@ class Decoder:
             if stops and stops[0] > pos:
                 n = min(n, stops[0] - pos)
             with prefilling(self.cache):  # (a one-token chunk too: quantized._Stored)
-                model(rest[:n][None], cache=self.cache)
+                self.model(rest[:n][None], cache=self.cache)
             self.scheme.maybe_quantize(self.cache)
             mx.eval([c.state for c in self.cache])
             if self.processors:
@@ -75,9 +99,9 @@ class Decoder:
                 on_checkpoint(prompt[:pos], self.cache)
             if n == prefill_chunk:  # free a long prefill's activations, as generate_step does;
                 mx.clear_cache()  # not a short suffix's (a cache hit): on CUDA it syncs the device
+            yield
         self.pending, self.pending_logprobs = self._step(rest)
         mx.async_eval(self.pending, self.pending_logprobs)
-        self.emitted = 0
 
     @classmethod
     def resume(cls, model, cache: list, history: list[int], pending: mx.array,
@@ -89,6 +113,7 @@ class Decoder:
         d.sampler, d.processors, d._seen = sampler, [], None
         d.cache, d.history = cache, list(history)
         d.pending, d.pending_logprobs, d.emitted = pending, pending_logprobs, 0
+        d._chunks = None
         return d
 
     def _step(self, inp: mx.array):

@@ -52,7 +52,7 @@ class SoloRow:
             decoder = Decoder(self.model, r.prompt, r.sampling, self.prefill_chunk, cache=cache,
                               cached=cached, checkpoints=r.checkpoints,
                               on_checkpoint=self._checkpointer(r, row) if self.prefix is not None
-                              else None, scheme=self.scheme)
+                              else None, scheme=self.scheme, eager=False)
         except Exception as e:  # e.g. an empty prompt: this request only
             self.budget.release(h.id)
             if is_allocation_failure(e):
@@ -64,13 +64,22 @@ class SoloRow:
         self._solo = (row, decoder)
 
     def _solo_step(self) -> None:
+        """One prefill chunk (a long prompt's cancel or a stop is seen between its chunks);
+        once the prompt is in, one decode step."""
         row, d = self._solo
         max_tokens = row.handle.request.max_tokens
-        if self.control is not None:
-            self.control.alone_step()
         t = time.perf_counter()
         try:
+            if not d.prefilled:
+                done = d.prefill()
+                self.counters.prefill_seconds += time.perf_counter() - t
+                if not done:
+                    return
+                t = time.perf_counter()
+            if self.control is not None:
+                self.control.alone_step()
             tok, logprobs = d.next(last=row.generated + 1 == max_tokens)
+            self.counters.decode_seconds += time.perf_counter() - t
         except Exception as e:
             if is_allocation_failure(e):
                 self._solo = None
@@ -78,8 +87,6 @@ class SoloRow:
                 return self._out_of_memory(e, [row])
             log.exception("a lone row's step failed")
             return self._end_solo(FinishReason.ERROR, f"{type(e).__name__}: {e}")
-        finally:
-            self.counters.decode_seconds += time.perf_counter() - t
         if tok in self.eos_ids:
             return self._end_solo(FinishReason.STOP)
         if not self._emit(row, tok, logprobs):
@@ -121,6 +128,6 @@ class SoloRow:
     def _end_solo(self, reason: FinishReason, error: str | None = None) -> None:
         row, d = self._solo
         self._solo = None
-        if self.prefix is not None and reason is not FinishReason.ERROR:
+        if self.prefix is not None and reason is not FinishReason.ERROR and d.prefilled:
             self._store(d.history, d.cache, row=row)  # the whole turn: the next extends it
         self._end_row(row, reason, error)
