@@ -309,3 +309,19 @@ def test_cli_help_lists_groups(tmp_path):
     for line in ("kv: affine4, affine8, k8v4, native", "model: hf, local, synthetic, tiny",
                  "batch: continuous, serial", "profile: agent-fleet, m1-max, m4-pro"):
         assert line in r.stdout
+
+
+def test_a_sweep_of_lists_is_checked_value_by_value():
+    """`bench.prefix_tokens=[128],[256]` is two lists to Hydra; the pre-check read each as
+    the text '[128]' and refused it ("str is not a ListConfig"), found by a helper's sweep."""
+    from appliance.config.hydra_setup import group_options, setup
+    from appliance.config.overrides import field_problems
+
+    setup()
+    groups = group_options()
+    assert field_problems(["bench.prefix_tokens=[128],[256]", "tune.max_rows=[2],[4]",
+                           "bench.spec_batches=[1],[2,4]"], groups) == {}
+    [(arg, says)] = field_problems(["bench.prefix_tokens=[128],[x]"], groups).items()
+    assert arg == "bench.prefix_tokens=[128],[x]"
+    assert says == ["bench.prefix_tokens=['x']: Value 'x' of type 'str' could not be "
+                    "converted to Integer"]

@@ -60,6 +60,7 @@ def field_problems(argv: list[str], groups: dict[str, list[str]]) -> dict[str, l
     except Exception:  # noqa: BLE001  (Hydra refuses it itself, in its own words)
         return {}
     schema, problems = OmegaConf.structured(AppConfig), {}
+    parser = OverridesParser.create()
     for o in parsed:
         key = o.key_or_group
         if key in groups or key.replace("/", ".").split(".")[0] == "hydra" or o.is_add() \
@@ -73,7 +74,9 @@ def field_problems(argv: list[str], groups: dict[str, list[str]]) -> dict[str, l
             node[key.split(".")[-1]] = None
             problems[o.input_line] = unknown_keys(OmegaConf.create(nested))
             continue
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        # a sweep's values as Hydra gives them to its jobs: `[128],[256]` is two lists
+        values = [parser.parse_override(f"{key}={v}").value()
+                  for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.value()]
         for v in values:
             try:
                 OmegaConf.update(schema.copy(), key, v, merge=True)
