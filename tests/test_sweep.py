@@ -173,3 +173,25 @@ def test_a_cell_that_fails_at_run_time_is_a_row_of_the_report(tmp_path):
     table = list(csv.DictReader((root / "sweep.csv").open()))
     assert float(table[0]["agg tok/s"]) > 0 and table[1]["agg tok/s"] == ""
     assert table[1]["target"].startswith("(failed: ConnectError")
+
+
+def test_the_tune_bound_is_in_view(tmp_path, monkeypatch):
+    """mode=tune's TTFT p95 bound is drawn on its plot's scale (it sat above the y-axis,
+    named in the legend only, wherever the trials ran well under it)."""
+    import matplotlib.figure
+
+    seen = []
+    save = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **kw: (seen.append(fig.axes[1].get_ylim()),
+                                               save(fig, *a, **kw)))
+    cells = []
+    for i, rows in enumerate((1, 2)):
+        ov = ["mode=tune", f"batch.max_rows={rows}"]
+        doc = {**_doc(ov, 50.0 + i, 90.0), "tune": {"ttft_p95_bound_ms": 3000}}
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "bench.json").write_text(json.dumps(doc))
+        cells.append((tmp_path / str(i), ov))
+    write_report(tmp_path, cells)
+    [(bottom, top)] = seen
+    assert bottom == 0 and top >= 3000

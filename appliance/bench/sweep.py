@@ -178,6 +178,7 @@ def plot(root: Path, knob: str, swept: list[str], table: list[dict], title: str,
         ax.grid(alpha=0.3)
     if bound_ms:
         axes[1].axhline(bound_ms, color="grey", linestyle="--", label="TTFT p95 bound")
+        axes[1].set_ylim(top=max(axes[1].get_ylim()[1], bound_ms * 1.05))  # (in view)
     if len(groups) > 1 or bound_ms:
         axes[1].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
