@@ -20,8 +20,8 @@ lint:
 bench *ARGS:
     appliance mode=bench {{ARGS}}
 
-# sweep and compare, e.g. just sweep batch.max_rows=1,4,8; results in ./multirun/<date>/<time>/
-# with sweep.md, sweep.csv and sweep-<knob>.png at that root
+# (each recipe's comment is one line: `just --list` shows the last line only)
+# sweep and compare, e.g. just sweep batch.max_rows=1,4,8 -> ./multirun/<date>/<time>/sweep.md
 sweep *ARGS:
     appliance -m mode=bench {{ARGS}}
 
@@ -36,8 +36,7 @@ bench-memory *ARGS:
         bench.anchor=none bench.agents=16 bench.turns=12 bench.system_tokens=4096 \
         bench.tool_tokens=1024 {{ARGS}}
 
-# search batch/cache knobs on bench=agents (Optuna), e.g. just tune tune.profile=tuned-m4;
-# writes profiles/<tune.profile>.yaml (docs/tuning.md)
+# search batch/cache knobs on bench=agents (Optuna): just tune tune.profile=mine -> profiles/mine.yaml
 tune *ARGS:
     appliance mode=tune {{ARGS}}
 

@@ -195,3 +195,35 @@ def test_the_tune_bound_is_in_view(tmp_path, monkeypatch):
     write_report(tmp_path, cells)
     [(bottom, top)] = seen
     assert bottom == 0 and top >= 3000
+
+
+def test_decode_kv_and_prefix_sweeps_compare_their_own_numbers(tmp_path):
+    """A sweep of bench=decode, kv or prefix had a table of knobs and no numbers (the
+    report read fleet summaries and bench=spec's cells only); each now shows its own."""
+    results = {
+        "decode": {"contenders": [{"name": "appliance engine", "tok_s_median": 244.2,
+                                   "ratio_to_mlx_lm": 1.15}]},
+        "kv": {"decode": [{"scheme": "k8v4", "batch": 2, "context": 128, "tok_s_median": 381.7,
+                           "ratio_to_native": 1.12}],
+               "capacity": [{"scheme": "k8v4", "context": 256, "rows": 94}]},
+        "prefix": {"rows": [{"prefix_tokens": 128, "cold": {"ttft_ms_median": 57.2},
+                             "ram_hit": {"ttft_ms_median": 24.3}}]},
+    }
+    want = {"decode": {"appliance engine tok/s": "244.2", "appliance engine x mlx_lm": "1.15"},
+            "kv": {"k8v4 B=2 ctx=128 tok/s": "381.7", "k8v4 B=2 ctx=128 x native": "1.12",
+                   "k8v4 rows at ctx=256": "94"},
+            "prefix": {"128 cold TTFT ms": "57.2", "128 ram_hit TTFT ms": "24.3"}}
+    for workload, result in results.items():
+        root, cells = tmp_path / workload, []
+        for i in range(2):
+            ov = ["mode=bench", f"bench={workload}", f"bench.repeats={i + 1}"]
+            doc = {**_doc(ov, 1.0, 1.0), "workload": workload, "result": result}
+            del doc["summary"], doc["ratios"]
+            (root / str(i)).mkdir(parents=True)
+            (root / str(i) / "bench.json").write_text(json.dumps(doc))
+            cells.append((root / str(i), ov))
+        out = write_report(root, cells)
+        table = list(csv.DictReader(out["csv"].open()))
+        assert [t["bench.repeats"] for t in table] == ["1", "2"]
+        for t in table:
+            assert {k: t[k] for k in want[workload]} == want[workload]

@@ -4,8 +4,8 @@
 bench.json per cell; this Hydra callback (conf/config.yaml, hydra.callbacks) then writes at
 the sweep root:
 - sweep.md and sweep.csv: one row per cell, the swept knobs (the overrides that differ
-  between cells, read from each bench.json) beside its headline numbers (bench=spec: each
-  workload and batch size's paired ratio to draft=none, and its A/A spread);
+  between cells, read from each bench.json) beside its headline numbers (a fleet's tok/s and
+  TTFT; bench=spec, decode, kv and prefix: their own, `_result_columns`);
 - sweep-<knob>.png for each swept knob: aggregate tok/s and TTFT p95 against it, one line
   per combination of the other knobs (workloads that measure those).
 Under mode=tune it also writes the best trial as a profile (appliance/bench/tune.py).
@@ -39,17 +39,36 @@ METRICS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def _spec_columns(doc: dict) -> dict[str, Any]:
-    """bench=spec's numbers (it has no fleet summary): per workload and batch size, the
-    draft's paired ratio to draft=none (None for draft=none itself) and the A/A ratio, a
-    second draft=none engine's, which says how far the runs spread."""
-    if doc.get("workload") != "spec":
-        return {}
-    out: dict[str, Any] = {}
-    for c in (doc.get("result") or {}).get("cells", []):
-        at = f"{c['workload']} B={c['rows']}"
-        out[f"{at} x none"] = c.get("paired_ratio")
-        out[f"{at} A/A"] = (c.get("control") or {}).get("paired_ratio")
+def _result_columns(doc: dict) -> dict[str, Any]:
+    """The numbers of the benches without a fleet summary, by workload: bench=spec, per
+    workload and batch size, the draft's paired ratio to draft=none (None for draft=none
+    itself) and the A/A ratio, a second draft=none engine's, which says how far the runs
+    spread; bench=decode each contender's tok/s and ratio to mlx-lm; bench=kv each
+    scheme's decode tok/s and ratio to native KV per batch and context, and the rows its
+    budget holds; bench=prefix the TTFT median cold, on a RAM hit and restored from SSD."""
+    result, out = doc.get("result") or {}, {}
+    workload = doc.get("workload")
+    if workload == "spec":
+        for c in result.get("cells", []):
+            at = f"{c['workload']} B={c['rows']}"
+            out[f"{at} x none"] = c.get("paired_ratio")
+            out[f"{at} A/A"] = (c.get("control") or {}).get("paired_ratio")
+    elif workload == "decode":
+        for c in result.get("contenders", []):
+            out[f"{c['name']} tok/s"] = c.get("tok_s_median")
+            out[f"{c['name']} x mlx_lm"] = c.get("ratio_to_mlx_lm")
+    elif workload == "kv":
+        for c in result.get("decode", []):
+            at = f"{c['scheme']} B={c['batch']} ctx={c['context']}"
+            out[f"{at} tok/s"] = c.get("tok_s_median")
+            out[f"{at} x native"] = c.get("ratio_to_native")
+        for c in result.get("capacity", []):
+            out[f"{c['scheme']} rows at ctx={c['context']}"] = c.get("rows")
+    elif workload == "prefix":
+        for r in result.get("rows", []):
+            for case in ("cold", "ram_hit", "ssd_restore"):
+                if case in r:
+                    out[f"{r['prefix_tokens']} {case} TTFT ms"] = r[case].get("ttft_ms_median")
     return out
 
 
@@ -85,10 +104,10 @@ def rows(cells: list[Cell]) -> tuple[list[str], list[str], list[dict]]:
             row["target"] = doc.get("target", {}).get("kind", "-")
             for col, key in METRICS:
                 row[col] = key(doc) if callable(key) else doc.get("summary", {}).get(key)
-            row.update(_spec_columns(doc))
+            row.update(_result_columns(doc))
         out.append(row)
     named = [c for c, _ in METRICS] + list(dict.fromkeys(
-        c for doc in (d for _, d in docs if d) for c in _spec_columns(doc)))
+        c for doc in (d for _, d in docs if d) for c in _result_columns(doc)))
     metrics = [c for c in named if any(r.get(c) is not None for r in out)]
     return swept, metrics, out
 
