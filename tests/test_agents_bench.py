@@ -235,3 +235,22 @@ def test_a_warm_up_burst_sends_one_first_turn_per_agent_before_the_timed_run(tmp
     firsts = [burst_messages(conv, i)[0]["content"] for i in range(3)]
     assert all(len(tok.encode(f)) >= TINY["system_tokens"] for f in firsts)  # a first turn's
     assert len({f.splitlines()[0] for f in firsts}) == 3  # each opens with its own line
+
+
+def test_an_anchor_that_fails_keeps_the_targets_figures(tmp_path):
+    """mlx_lm.server refusing its arguments after the appliance was measured threw that
+    measurement away (no bench.json) and exited 2, a plan error's code. Now bench.json keeps
+    the target's figures with the reason there are no ratios, and the bench exits 1."""
+    r = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "mode=bench", "bench=agents", *CPU,
+         "bench.agents=2", "bench.turns=2", "bench.max_tokens=4", "bench.system_tokens=64",
+         "bench.user_tokens=16", "bench.tool_tokens=32", "bench.think_s=0.02",
+         "bench.warmup=0", "bench.progress=false", "bench.mlx_lm_args=--bogus-flag",
+         "hydra.run.dir=out"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "appliance: the bench failed: RuntimeError: the anchor (mlx_lm) failed" in r.stderr
+    doc = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert doc["summary"]["requests"] == 4 and doc["summary"]["aggregate_tok_s"] > 0
+    assert doc["anchor"] is None and doc["ratios"] is None
+    assert "--bogus-flag" in doc["void"]
+    assert "# no ratios: the anchor (mlx_lm) failed" in r.stdout

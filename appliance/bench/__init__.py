@@ -279,9 +279,15 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
         print(f"BENCH prefix | {out}", flush=True)
         return doc
     if cfg.workload == "agents":
-        from appliance.bench.agents import agents_line, agents_text, run_bench
+        from appliance.bench.agents import AnchorFailed, agents_line, agents_text, run_bench
 
-        doc.update(run_bench(plan, cfg, kind, path, tokenizer, outdir, overrides))
+        try:
+            doc.update(run_bench(plan, cfg, kind, path, tokenizer, outdir, overrides))
+        except AnchorFailed as e:  # the target's figures are kept; the bench still failed
+            doc.update(e.partial)
+            out = report.write(outdir, doc)
+            print(agents_text(doc), flush=True)
+            raise RuntimeError(f"{e}; the target's own figures are in {out}") from e.__cause__
         out = report.write(outdir, doc)
         print(agents_text(doc))
         print(agents_line(doc, out), flush=True)

@@ -218,6 +218,14 @@ def context_problems(plan: ExecutionPlan, cfg) -> list[str]:
             "bench.tool_tokens or bench.system_tokens, or raise server.max_context"]
 
 
+class AnchorFailed(RuntimeError):
+    """The anchor failed after the target was measured; `partial` holds the target's part."""
+
+    def __init__(self, partial: dict):
+        super().__init__(partial["void"])
+        self.partial = partial
+
+
 def run_bench(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir: Path,
               overrides: list[str]) -> dict:
     """The target, then the anchor (unless none or the target itself), on one workload."""
@@ -228,7 +236,12 @@ def run_bench(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir
     out = _contender(kind, plan, cfg, path, conv, bias, outdir, overrides)
     out["anchor"], out["ratios"], out["void"] = None, None, None
     if cfg.anchor != "none" and cfg.anchor != kind:
-        out["anchor"] = _contender(cfg.anchor, plan, cfg, path, conv, bias, outdir, overrides)
+        try:
+            out["anchor"] = _contender(cfg.anchor, plan, cfg, path, conv, bias, outdir,
+                                       overrides)
+        except Exception as e:  # (not Ctrl-C) the target's figures are still worth keeping
+            out["void"] = f"the anchor ({cfg.anchor}) failed: {type(e).__name__}: {e}"
+            raise AnchorFailed(out) from e
         out["void"] = unequal([(kind, out["summary"]), (cfg.anchor, out["anchor"]["summary"])])
         if not out["void"]:
             out["ratios"] = ratios(out["summary"], out["anchor"]["summary"])
@@ -272,7 +285,8 @@ def agents_text(doc: dict) -> str:
               for e in part["summary"]["error_samples"]]
     lines = [_heading(doc), f"# {settings}", _table(header, rows)]
     if doc.get("void"):
-        lines.append(f"# no ratios: {doc['void']}; the contenders did unequal work")
+        lines.append(f"# no ratios: {doc['void']}" + ("; the contenders did unequal work"
+                                                        if doc.get("anchor") else ""))
     if m := (doc.get("engine") or {}).get("memory"):
         gib = {k: f"{m[k] / 2**30:.1f}" for k in ("active_bytes", "cache_bytes", "peak_bytes",
                                                    "limit_bytes") if m.get(k) is not None}
