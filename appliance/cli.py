@@ -131,10 +131,6 @@ def run(cfg) -> int:
         try:
             bench(plan, OmegaConf.to_object(cfg.bench), Path(hc.runtime.output_dir),
                   tuple(task))
-        except KeyboardInterrupt:  # (Ctrl-C or SIGTERM before it wrote anything: no folder)
-            if hc.mode != RunMode.MULTIRUN:
-                _drop_if_empty(hc.runtime.output_dir)
-            raise
         except Exception as e:
             return _failed(e, Path(hc.runtime.output_dir), cfg.bench.target)
         return 0
@@ -206,7 +202,16 @@ def main() -> None:
     def _job(cfg) -> float | None:
         global _exit_code, _objective
         _objective = None
-        _exit_code = max(_exit_code, run(cfg))
+        try:
+            _exit_code = max(_exit_code, run(cfg))
+        except KeyboardInterrupt:  # (before a bench wrote anything: no ./bench/<time>/)
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            hc = HydraConfig.get()
+            if hc.mode != RunMode.MULTIRUN:
+                _drop_if_empty(hc.runtime.output_dir)
+            raise
         return _objective  # what Hydra's Optuna sweeper maximizes (mode=tune trials)
 
     try:

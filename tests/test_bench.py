@@ -181,6 +181,18 @@ def test_a_bench_stopped_before_it_wrote_anything_leaves_no_folder(tmp_path):
     assert not (tmp_path / "bench").exists()
 
 
+def test_a_bench_stopped_while_its_plan_resolves_leaves_no_folder(tmp_path):
+    """Ctrl-C before the bench starts (here: while the plan resolves) left an empty
+    ./bench/<time>/ that Hydra had made (found by a helper's walkthrough)."""
+    code = ("import sys, appliance.cli as cli\n"
+            "def stopped(*a, **kw): raise KeyboardInterrupt\n"
+            "cli.resolve = stopped\nsys.argv[0] = 'appliance'\ncli.main()")
+    r = subprocess.run([sys.executable, "-c", code, "mode=bench", "bench.progress=false"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 130 and "appliance: interrupted" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "bench").exists()
+
+
 def test_kv_scheme_against_native(tmp_path):
     """bench=kv: capacity, batched and short-row decode for k8v4 and its native anchor,
     measured in one run, with the label (speed itself is not asserted)."""
