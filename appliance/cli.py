@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from pathlib import Path
 
 import appliance  # noqa: F401  (BLAS preload before mlx)
 from appliance.config.hydra_setup import conf_dir, group_options, setup
@@ -112,8 +113,6 @@ def run(cfg) -> int:
         if cfg.mode == "bench" and hc.mode != RunMode.MULTIRUN:
             _drop_if_empty(hc.runtime.output_dir)  # a refused bench leaves no ./bench/<time>/
         elif cfg.mode == "bench":  # a sweep's cell: its report row says why
-            from pathlib import Path
-
             Path(hc.runtime.output_dir, "error.txt").write_text(
                 "refused: " + "; ".join(problems) + "\n")
         return 2
@@ -124,8 +123,6 @@ def run(cfg) -> int:
         print(plan.to_yaml(), end="")
         return 0
     if cfg.mode == "bench":
-        from pathlib import Path
-
         from appliance.bench import run as bench
 
         try:
@@ -135,8 +132,6 @@ def run(cfg) -> int:
             return _failed(e, Path(hc.runtime.output_dir), cfg.bench.target)
         return 0
     if cfg.mode == "tune":
-        from pathlib import Path
-
         from appliance.bench import tune
 
         if hc.mode != RunMode.MULTIRUN:
@@ -152,7 +147,7 @@ def run(cfg) -> int:
     return serve(plan)  # 0, or EXIT_ENGINE_FAILED for a supervisor to restart it
 
 
-def _failed(e: Exception, out, target: str) -> int:
+def _failed(e: Exception, out: Path, target: str) -> int:
     """A measurement that failed at run time (a server that did not start, a target that
     does not answer): said on stderr and in the cell's error.txt, with its traceback, so a
     sweep goes on to its other cells and its report shows this one failed. Exit code 1."""
@@ -168,8 +163,6 @@ def _failed(e: Exception, out, target: str) -> int:
 
 def _drop_if_empty(run_dir: str) -> None:
     """A single bench's ./bench/<time>/, and ./bench, where nothing was written in them."""
-    from pathlib import Path
-
     d = Path(run_dir).absolute()
     if d.parent.name != "bench" or d == Path.cwd():  # (only the layout _run_dir makes)
         return
