@@ -267,3 +267,28 @@ def test_max_context_counts_a_chunks_activations_at_the_context_it_allows():
     plan = resolve_overrides(one_b)
     assert plan.server.max_context > 2 * 13312
     assert plan.memory.ceiling_bytes <= plan.memory.usable_bytes <= 24 * GiB
+
+
+def test_an_accelerators_memory_is_its_own_not_the_hosts(monkeypatch):
+    """MLX names the device's memory `memory_size` on Metal and `total_memory` on CUDA; the
+    CUDA key was missed, so an 80 GB H100 on a 128 GiB host was planned as 135 GB (a memory
+    limit of 96 GB). The dicts are what MLX 0.32.4 returned on an H100 and (keys) on Metal."""
+    import mlx.core as mx
+
+    from appliance.plan import machine
+
+    h100 = {"total_memory": 85520809984, "free_memory": 84465090560, "architecture": "sm_90",
+            "compute_capability_major": 9, "compute_capability_minor": 0,
+            "device_name": "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(mx.metal, "is_available", lambda: False)
+    if not hasattr(mx, "cuda"):
+        monkeypatch.setattr(mx, "cuda", type("cuda", (), {}), raising=False)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True, raising=False)
+    monkeypatch.setattr(mx, "device_info", lambda: h100)
+    found = machine.detect()
+    assert (found.backend, found.chip, found.memory_bytes) == \
+        ("cuda", "NVIDIA H100 80GB HBM3", 85520809984)
+    m4 = {"device_name": "Apple M4 Pro", "architecture": "applegpu_g16s",
+          "memory_size": 48 * 2**30, "max_recommended_working_set_size": 38 * 2**30}
+    assert machine.accelerator_memory(m4, 1) == 48 * 2**30
+    assert machine.accelerator_memory({"device_name": "?"}, 7) == 7

@@ -67,6 +67,15 @@ def _chip() -> str:
     return platform.processor() or platform.machine()
 
 
+def accelerator_memory(info: dict, fallback: int) -> int:
+    """The device's own memory from `mx.device_info()`: Metal names it `memory_size`, CUDA
+    `total_memory` (missing it read the host's RAM: 135 GB for an 80 GB H100)."""
+    for key in ("memory_size", "total_memory"):
+        if info.get(key):
+            return int(info[key])
+    return fallback
+
+
 def detect() -> Detected:
     """What MLX will run on here. Imports mlx (cheap; loads no model)."""
     import mlx.core as mx
@@ -81,7 +90,7 @@ def detect() -> Detected:
     if backend != "cpu":  # the accelerator's own name and memory
         info = mx.device_info()
         chip = str(info.get("device_name", chip))
-        memory = int(info.get("memory_size", memory))
+        memory = accelerator_memory(info, memory)
     return Detected(backend=backend, chip=chip, memory_bytes=memory,
                     cpu_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count() or 1)
