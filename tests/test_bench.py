@@ -251,15 +251,20 @@ def test_kv_scheme_against_native(tmp_path):
       "bench.kv_short_context=16", "bench.kv_budget=1GiB"], "kv: native vs k8v4"),
     (["bench=spec", "draft=lookup", "bench.spec_workloads=[edit]", "bench.spec_batches=[1]",
       "bench.spec_context=128"], "spec: none vs lookup"),
+    (["bench=decode"], "decode: mlx_lm, engine, http"),
+    (["bench=prefix", "bench.prefix_tokens=[128]", "bench.user_tokens=16"],
+     "prefix: cold, RAM hit, SSD restore"),
 ])
 def test_in_process_benches_show_progress_on_a_terminal(tmp_path, args, shown):
-    """bench=kv and bench=spec ran minutes with no output at all (a walkthrough stopped one
-    as hung): on a terminal they draw a bar, as fleet and agents do; piped, nothing."""
+    """bench=kv, spec, decode and prefix ran minutes with no output at all (a walkthrough
+    stopped one as hung): on a terminal they draw a bar, as fleet and agents do; piped,
+    nothing."""
     import pty
     import threading
 
-    cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "model.dtype=float32",
-           "bench.repeats=1", "bench.decode_tokens=4", *args]
+    short = [] if "bench=prefix" in args else ["bench.repeats=1", "bench.decode_tokens=4"]
+    cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "model.dtype=float32", *short,
+           *args]
     master, slave = pty.openpty()
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -33,7 +34,7 @@ def _tps(n: int, t_start: float | None, t_end: float | None) -> float:
 
 
 def _mlx_lm_runs(path: Path, dtype: str, prompt: list[int], n: int, repeats: int,
-                 dequantize: bool = False) -> dict:
+                 dequantize: bool, advance: Callable[[], None]) -> dict:
     """(a) mlx_lm.generate.stream_generate in this process, warm-up run first."""
     import mlx.core as mx
     from mlx_lm.generate import stream_generate
@@ -56,6 +57,7 @@ def _mlx_lm_runs(path: Path, dtype: str, prompt: list[int], n: int, repeats: int
         if k:  # run 0 is the warm-up
             runs.append(_tps(n, t0, stamps[-1]))
             reported.append(last.generation_tps)
+        advance()
     del model, tokenizer  # free the weights before the engine loads its own copy
     gc.collect()
     mx.clear_cache()
@@ -63,7 +65,8 @@ def _mlx_lm_runs(path: Path, dtype: str, prompt: list[int], n: int, repeats: int
             "mlx_lm_generation_tps": [round(x, 2) for x in reported]}
 
 
-def _engine_runs(engine, prompt: list[int], n: int, repeats: int) -> dict:
+def _engine_runs(engine, prompt: list[int], n: int, repeats: int,
+                 advance: Callable[[], None]) -> dict:
     """(b) Engine.submit in-process: token events as the engine delivers them."""
     from appliance.engine import Finished, GenerationRequest, SamplingParams
 
@@ -79,13 +82,15 @@ def _engine_runs(engine, prompt: list[int], n: int, repeats: int) -> dict:
                 stamps.append(time.perf_counter())
         if fin.error or len(stamps) != n:
             raise RuntimeError(f"engine: {len(stamps)} of {n} tokens ({fin.error})")
+        advance()
         return _tps(n, t0, stamps[-1])
 
     runs = [asyncio.run(one()) for _ in range(repeats + 1)][1:]
     return {"name": "appliance engine", "runs": runs}
 
 
-def _http_runs(url: str, model_id: str, tokenizer, n: int, repeats: int) -> dict:
+def _http_runs(url: str, model_id: str, tokenizer, n: int, repeats: int,
+               advance: Callable[[], None]) -> dict:
     """(c) the appliance over HTTP: /v1/completions streamed, same prompt text."""
     body = {"model": model_id, "prompt": DECODE_PROMPT, "max_tokens": n, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True},
@@ -95,6 +100,7 @@ def _http_runs(url: str, model_id: str, tokenizer, n: int, repeats: int) -> dict
         r = await stream_request(http, "/v1/completions", body, RequestResult(0, 0, 0.0))
         if r.error or r.completion_tokens != n:
             raise RuntimeError(f"http: {r.completion_tokens} of {n} tokens ({r.error})")
+        advance()
         return _tps(n, r.start, r.end)
 
     async def all_runs() -> list[float]:
@@ -107,22 +113,28 @@ def _http_runs(url: str, model_id: str, tokenizer, n: int, repeats: int) -> dict
 def run_decode(plan: ExecutionPlan, cfg, path: Path, tokenizer, target: str,
                overrides: list[str], outdir: Path) -> dict:
     """All contenders the target allows; each with its median and its ratio to mlx-lm."""
+    from appliance.bench.progress import bar
+
     prompt = list(tokenizer.encode(DECODE_PROMPT))  # as /v1/completions tokenizes it
     n, repeats = cfg.decode_tokens, max(1, cfg.repeats)
-    contenders = [_mlx_lm_runs(path, plan.model.dtype, prompt, n, repeats,
-                                 plan.model.dequantized)]
-    if target == "self":
-        from appliance.engine import build_engine
+    runs = (repeats + 1) * (3 if target == "self" else 1)  # each contender warms up first
+    names = "mlx_lm, engine, http" if target == "self" else "mlx_lm"
+    with bar(f"decode: {names}", runs, cfg.progress) as advance:
+        contenders = [_mlx_lm_runs(path, plan.model.dtype, prompt, n, repeats,
+                                   plan.model.dequantized, advance)]
+        if target == "self":
+            from appliance.engine import build_engine
 
-        engine = build_engine(plan)
-        try:
-            contenders.append(_engine_runs(engine, prompt, n, repeats))
-        finally:
-            engine.stop()
-        # over HTTP the server runs in its own process, as a deployed appliance does: an
-        # in-process client would share the GIL with the engine thread
-        with appliance_process(plan, overrides, outdir / "appliance.log") as url:
-            contenders.append(_http_runs(url, plan.model.id, tokenizer, n, repeats))
+            engine = build_engine(plan)
+            try:
+                contenders.append(_engine_runs(engine, prompt, n, repeats, advance))
+            finally:
+                engine.stop()
+            # over HTTP the server runs in its own process, as a deployed appliance does: an
+            # in-process client would share the GIL with the engine thread
+            with appliance_process(plan, overrides, outdir / "appliance.log") as url:
+                contenders.append(_http_runs(url, plan.model.id, tokenizer, n, repeats,
+                                             advance))
     anchor = median(contenders[0]["runs"])
     for c in contenders:
         c["tok_s_median"] = round(median(c["runs"]), 2)

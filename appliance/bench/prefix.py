@@ -18,6 +18,7 @@ import asyncio
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -29,10 +30,12 @@ from appliance.bench.targets import appliance_process
 from appliance.plan import ExecutionPlan
 
 N_PREFIXES = 3
+_WARM = 2  # warm-up requests per process: a miss, then a hit
 _OURS = ("cache", "cache.ssd.path", "server.max_context")  # set here; cache.*.bytes pass through
 
 
-def _ttfts(url: str, ep: Endpoint, prompts: list[tuple[str, str]]) -> list[RequestResult]:
+def _ttfts(url: str, ep: Endpoint, prompts: list[tuple[str, str]],
+           advance: Callable[[], None]) -> list[RequestResult]:
     async def go() -> list[RequestResult]:
         async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
             out = []
@@ -41,6 +44,7 @@ def _ttfts(url: str, ep: Endpoint, prompts: list[tuple[str, str]]) -> list[Reque
                 body = chat_body(ep, system, user, 2)
                 out.append(await stream_request(http, "/v1/chat/completions", body,
                                                 RequestResult(0, 0, 0.0)))
+                advance()
             return out
 
     results = asyncio.run(go())
@@ -68,38 +72,46 @@ def _summary(results: list[RequestResult]) -> dict:
 
 
 def run_prefix(plan: ExecutionPlan, cfg, tokenizer, overrides: list[str], outdir: Path) -> dict:
+    from appliance.bench.progress import bar
+
     keep = [o for o in overrides
             if o.lstrip("+~").split("=", 1)[0] not in _OURS]
-    rows = []
-    for size in cfg.prefix_tokens:
-        text = fleet_prompts(tokenizer, size, cfg.user_tokens, 3 * N_PREFIXES + 2)
-        systems = [f"Agent {i}.\n{text.system}" for i in range(N_PREFIXES)]
-        warm = [(f"Warm-up.\n{text.system}", u) for u in text.users[:2]]
-        users = text.users[2:]
-        ep = Endpoint("", plan.model.id, eos_bias(tokenizer), poll_stats=False)
-        ssd = outdir / f"ssd-{size}"
-        ov = ["cache=tiered", f"cache.ssd.path={ssd}",
-              f"server.max_context={size + 4 * cfg.user_tokens + 64}", *keep]
-        try:
-            with appliance_process(plan, ov, outdir / f"appliance-{size}.log") as url:
-                _ttfts(url, ep, warm)
-                cold = _ttfts(url, ep, [(s, users[i]) for i, s in enumerate(systems)])
-                ram = _ttfts(url, ep, [(s, users[N_PREFIXES + i])
-                                       for i, s in enumerate(systems)])
-            with appliance_process(plan, ov, outdir / f"appliance-{size}-restart.log") as url:
-                _ttfts(url, ep, warm)
-                restored = _ttfts(url, ep, [(s, users[2 * N_PREFIXES + i])
-                                            for i, s in enumerate(systems)])
-        finally:  # a bench leaves no gigabytes behind unless asked (bench.keep_ssd)
-            if not cfg.keep_ssd:
-                shutil.rmtree(ssd, ignore_errors=True)
-        row = {"prefix_tokens": size, "cold": _summary(cold), "ram_hit": _summary(ram),
-               "ssd_restore": _summary(restored)}
-        base = row["cold"]["ttft_ms_median"]
-        for k in ("ram_hit", "ssd_restore"):
-            row[k]["ratio_to_cold"] = round(row[k]["ttft_ms_median"] / base, 3)
-        rows.append(row)
+    requests = (2 * _WARM + 3 * N_PREFIXES) * len(cfg.prefix_tokens)  # warm-ups twice a size
+    with bar("prefix: cold, RAM hit, SSD restore", requests, cfg.progress) as advance:
+        rows = [_one_size(plan, cfg, tokenizer, keep, outdir, size, advance)
+                for size in cfg.prefix_tokens]
     return {"rows": rows}
+
+
+def _one_size(plan: ExecutionPlan, cfg, tokenizer, keep: list[str], outdir: Path, size: int,
+              advance: Callable[[], None]) -> dict:
+    text = fleet_prompts(tokenizer, size, cfg.user_tokens, 3 * N_PREFIXES + _WARM)
+    systems = [f"Agent {i}.\n{text.system}" for i in range(N_PREFIXES)]
+    warm = [(f"Warm-up.\n{text.system}", u) for u in text.users[:_WARM]]
+    users = text.users[_WARM:]
+    ep = Endpoint("", plan.model.id, eos_bias(tokenizer), poll_stats=False)
+    ssd = outdir / f"ssd-{size}"
+    ov = ["cache=tiered", f"cache.ssd.path={ssd}",
+          f"server.max_context={size + 4 * cfg.user_tokens + 64}", *keep]
+    try:
+        with appliance_process(plan, ov, outdir / f"appliance-{size}.log") as url:
+            _ttfts(url, ep, warm, advance)
+            cold = _ttfts(url, ep, [(s, users[i]) for i, s in enumerate(systems)], advance)
+            ram = _ttfts(url, ep, [(s, users[N_PREFIXES + i]) for i, s in enumerate(systems)],
+                         advance)
+        with appliance_process(plan, ov, outdir / f"appliance-{size}-restart.log") as url:
+            _ttfts(url, ep, warm, advance)
+            restored = _ttfts(url, ep, [(s, users[2 * N_PREFIXES + i])
+                                        for i, s in enumerate(systems)], advance)
+    finally:  # a bench leaves no gigabytes behind unless asked (bench.keep_ssd)
+        if not cfg.keep_ssd:
+            shutil.rmtree(ssd, ignore_errors=True)
+    row = {"prefix_tokens": size, "cold": _summary(cold), "ram_hit": _summary(ram),
+           "ssd_restore": _summary(restored)}
+    base = row["cold"]["ttft_ms_median"]
+    for k in ("ram_hit", "ssd_restore"):
+        row[k]["ratio_to_cold"] = round(row[k]["ttft_ms_median"] / base, 3)
+    return row
 
 
 def prefix_text(doc: dict) -> str:
