@@ -18,7 +18,12 @@ from pathlib import Path
 
 import appliance  # noqa: F401  (BLAS preload before mlx)
 from appliance.config.hydra_setup import conf_dir, group_options, setup
-from appliance.config.overrides import field_problems, remainder_problems
+from appliance.config.overrides import (
+    field_problems,
+    remainder_problems,
+    shadowed_profiles,
+    sweep_problems,
+)
 from appliance.config.overrides import profiles as _profiles
 from appliance.plan import PlanError, resolve
 
@@ -50,8 +55,11 @@ def _override_problems(argv: list[str]) -> list[str]:
     for arg, says in field_problems(argv, groups).items():
         problems += says
         bad.append(arg)
+    problems += shadowed_profiles(_profiles(argv), argv)
     if problems and not {"-m", "--multirun"} & set(argv):
         problems += [p for p in remainder_problems(argv, bad) if p not in problems]
+    elif not problems and {"-m", "--multirun"} & set(argv):
+        problems = sweep_problems(argv)
     return problems
 
 

@@ -1,9 +1,11 @@
 """The command line's field overrides, checked before Hydra composes them: Hydra stops at the
 first it cannot apply (`server.port=abc`, `batch.nope=3`) with its own message, and an
-unknown group option hides every other problem. A PlanError names them all at once."""
+unknown group option hides every other problem. A PlanError names them all at once. Also
+checked before anything runs: a profile a later one wholly overrides, and a sweep's values."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 _ABSENT = object()
@@ -41,6 +43,50 @@ def profile_settings(names: tuple[str, ...], sections: tuple[str, ...]) -> list[
             if isinstance(data, dict) and section in data:
                 flat(section, data[section])
     return out
+
+
+def _profile_keys(name: str, files: dict) -> set[str]:
+    """Every key a profile sets, dotted (`machine.memory_gb`), its group overrides as the
+    group (`override /cache: tiered` sets `cache`)."""
+    import yaml
+
+    data = yaml.safe_load(files[name].read_text()) if name in files else None
+    keys: set[str] = set()
+
+    def flat(prefix: str, node) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                flat(f"{prefix}.{k}" if prefix else str(k), v)
+        elif prefix:
+            keys.add(prefix)
+
+    for k, v in (data or {}).items():
+        if k == "defaults":
+            keys.update(str(g).split()[-1].strip("/") for item in v or []
+                        if isinstance(item, dict) for g in item)
+        else:
+            flat(str(k), v)
+    return keys
+
+
+def shadowed_profiles(names: tuple[str, ...], argv: list[str]) -> list[str]:
+    """A profile whose every setting a later profile or the command line sets again would be
+    accepted and ignored (`+profile=[m1-max,m4-pro]` is an M4 Pro): refused."""
+    from appliance.config.hydra_setup import profile_files
+
+    files = profile_files()
+    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")}
+    sets = [(n, _profile_keys(n, files)) for n in names]
+    problems = []
+    for i, (name, keys) in enumerate(sets):
+        by = [n for n, k in sets[i + 1:] if k & keys]
+        if keys and keys <= given.union(*(k for _, k in sets[i + 1:])):
+            again = " and ".join([*by, *(["the command line"] if keys & given else [])])
+            problems.append(
+                f"+profile={name}: {again} set{'s' if len(by) < 2 else ''} again every key it "
+                f"sets ({', '.join(sorted({k.split('.')[0] for k in keys}))}), so it would be "
+                "ignored; name it once, and one machine profile at most")
+    return problems
 
 
 def field_problems(argv: list[str], groups: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -82,7 +128,44 @@ def field_problems(argv: list[str], groups: dict[str, list[str]]) -> dict[str, l
                 OmegaConf.update(schema.copy(), key, v, merge=True)
             except OmegaConfBaseException as e:
                 why = str(e.msg).splitlines()[0]  # (without OmegaConf's object dump)
-                problems.setdefault(o.input_line, []).append(f"{key}={v!r}: {why}")
+                problems.setdefault(o.input_line, []).append(_said(key, v, why))
+    return problems
+
+
+# OmegaConf's "Value 'abc' of type 'str' could not be converted to Integer", in our words
+_TYPES = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+
+
+def _said(key: str, value, why: str) -> str:
+    m = re.fullmatch(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", why)
+    if not m or m[2] not in _TYPES:
+        return f"{key}={value!r}: {why}"
+    if m[1] == str(value):
+        return f"{key}={value!r} is not {_TYPES[m[2]]}"
+    return f"{key}={value!r}: {m[1]!r} is not {_TYPES[m[2]]}"  # (an item of a list)
+
+
+def sweep_problems(argv: list[str]) -> list[str]:
+    """A multirun's plan problems at each swept value (the other sweeps at their first), found
+    before any cell runs: `batch.max_rows=4,x` ran the bench at 4, then stopped at x.
+    Combinations are checked as their cells come up."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+        values = {o.input_line: [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+                  for o in parsed if o.is_sweep_override()}
+    except Exception:  # noqa: BLE001  (ranges, intervals, Optuna's: Hydra checks them)
+        return []
+    firsts = [values[a][0] if a in values else a for a in args]
+    problems: list[str] = []
+    for i, arg in enumerate(args):
+        for cell in values.get(arg, [])[1:]:
+            found = remainder_problems([*firsts[:i], cell, *firsts[i + 1:]], [])
+            problems += [p for p in found if p not in problems]
+    if values:
+        problems += [p for p in remainder_problems(firsts, []) if p not in problems]
     return problems
 
 
