@@ -160,6 +160,13 @@ def _server_port(pid: int) -> int | None:
     return None
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # (it ended)
+        return b""
+
+
 def _listening(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -204,6 +211,37 @@ def test_ctrl_c_stops_the_server(tmp_path, target, sig):
     assert not Path(f"/proc/{server}").exists()  # stopped and reaped, not orphaned
     assert not _listening(port)
     assert not glob.glob(str(tmp_path / "bench/*/ssd"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_while_the_anchor_runs_keeps_the_targets_figures(tmp_path):
+    """Ctrl-C during mlx_lm.server's half threw away the appliance's finished half (a
+    new-user walkthrough): bench.json now holds the target's figures, void says why there
+    are no ratios, and the bench still stops with 130."""
+    cmd = [sys.executable, "-m", "appliance.cli", "mode=bench", "bench=agents", *CPU,
+           "bench.agents=2", "bench.turns=2", "bench.think_s=5", "bench.max_tokens=8",
+           "bench.system_tokens=64", "bench.tool_tokens=32", "bench.warmup=0"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline, anchor = time.time() + 240, None
+        while anchor is None or not _listening(_server_port(anchor) or 0):
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+            assert time.time() < deadline, "the anchor did not start"
+            anchor = next((k for k in _children(proc.pid) if b"mlx_lm" in _cmdline(k)), None)
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        said = proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    [kept] = glob.glob(str(tmp_path / "bench/*/bench.json"))
+    assert f"the target's own figures are in {kept}" in said
+    doc = json.loads(Path(kept).read_text())
+    assert doc["void"] == "interrupted while the anchor (mlx_lm) ran"
+    assert doc["anchor"] is None and doc["ratios"] is None
+    assert doc["summary"]["requests"] == 4 and doc["summary"]["errors"] == 0
 
 
 def test_a_warm_up_burst_sends_one_first_turn_per_agent_before_the_timed_run(tmp_path):

@@ -20,6 +20,7 @@ report, progress (bars on stderr), sweep (the multirun report), tune (mode=tune)
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from appliance.plan import ExecutionPlan, PlanError
@@ -288,6 +289,12 @@ def _run(plan: ExecutionPlan, cfg, outdir: Path, overrides: list[str]) -> dict:
             out = report.write(outdir, doc)
             print(agents_text(doc), flush=True)
             raise RuntimeError(f"{e}; the target's own figures are in {out}") from e.__cause__
+        except KeyboardInterrupt as e:
+            if partial := getattr(e, "partial", None):
+                doc.update(partial)
+                print(f"appliance: the target's own figures are in {report.write(outdir, doc)}",
+                      file=sys.stderr)
+            raise
         out = report.write(outdir, doc)
         print(agents_text(doc))
         print(agents_line(doc, out), flush=True)

@@ -242,6 +242,10 @@ def run_bench(plan: ExecutionPlan, cfg, kind: str, path: Path, tokenizer, outdir
         except Exception as e:  # (not Ctrl-C) the target's figures are still worth keeping
             out["void"] = f"the anchor ({cfg.anchor}) failed: {type(e).__name__}: {e}"
             raise AnchorFailed(out) from e
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: kept too, and the bench stops
+            out["void"] = f"interrupted while the anchor ({cfg.anchor}) ran"
+            e.partial = out
+            raise
         out["void"] = unequal([(kind, out["summary"]), (cfg.anchor, out["anchor"]["summary"])])
         if not out["void"]:
             out["ratios"] = ratios(out["summary"], out["anchor"]["summary"])
