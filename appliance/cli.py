@@ -45,8 +45,9 @@ def _override_problems(argv: list[str]) -> list[str]:
         key = key.lstrip("+~")
         if key not in groups:
             continue
-        inner = re.sub(r"^(choice|glob)\((.*)\)$", r"\2", value.strip()).strip("[]")
-        for v in filter(None, (s.strip() for s in inner.split(","))):
+        inner = re.sub(r"^(choice|glob)\((.*)\)$", r"\2", value.strip())
+        # (`+profile=[a,b],[c,d]` sweeps two lists: each name loses its brackets)
+        for v in filter(None, (s.strip().strip("[]").strip() for s in inner.split(","))):
             if v not in groups[key]:
                 where = "profiles/" if key == "profile" else f"conf/{key}/"
                 problems.append(f"{key}={v!r} is not an option ({where}); "
@@ -55,7 +56,7 @@ def _override_problems(argv: list[str]) -> list[str]:
     for arg, says in field_problems(argv, groups).items():
         problems += says
         bad.append(arg)
-    problems += shadowed_profiles(_profiles(argv), argv)
+    problems += shadowed_profiles(argv)
     if problems and not {"-m", "--multirun"} & set(argv):
         problems += [p for p in remainder_problems(argv, bad) if p not in problems]
     elif not problems and {"-m", "--multirun"} & set(argv):

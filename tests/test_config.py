@@ -222,6 +222,15 @@ def test_a_profile_every_later_one_overrides_is_refused(tmp_path):
     assert r.returncode == 2 and "+profile=agent-fleet: agent-fleet sets again" in r.stderr
     r = _cli("mode=plan", "+profile=[m4-pro,agent-fleet]", cwd=tmp_path)
     assert r.returncode == 0 and "name: m4-pro" in r.stdout, r.stderr
+    # a sweep is one profile (or list) a cell: machines compared, not stacked
+    (tmp_path / "sweep").mkdir(), (tmp_path / "lists").mkdir()
+    r = _cli("-m", "mode=plan", "+profile=m1-max,m4-pro", cwd=tmp_path / "sweep")
+    assert r.returncode == 0 and r.stdout.count("fingerprint:") == 2, r.stderr
+    r = _cli("-m", "mode=plan", "+profile=[m1-max,agent-fleet],[m4-pro,agent-fleet]",
+             cwd=tmp_path / "lists")
+    assert r.returncode == 0 and r.stdout.count("fingerprint:") == 2, r.stderr
+    r = _cli("-m", "mode=plan", "+profile=m1-max,[m4-pro,m1-max]", cwd=tmp_path)
+    assert r.returncode == 2 and "+profile=m4-pro: m1-max sets again" in r.stderr
 
 
 def test_cli_refuses_bench_and_tune_settings_no_mode_reads(tmp_path):

@@ -69,13 +69,31 @@ def _profile_keys(name: str, files: dict) -> set[str]:
     return keys
 
 
-def shadowed_profiles(names: tuple[str, ...], argv: list[str]) -> list[str]:
+def shadowed_profiles(argv: list[str]) -> list[str]:
     """A profile whose every setting a later profile or the command line sets again would be
-    accepted and ignored (`+profile=[m1-max,m4-pro]` is an M4 Pro): refused."""
+    accepted and ignored (`+profile=[m1-max,m4-pro]` is an M4 Pro): refused. A sweep
+    (`+profile=m1-max,m4-pro`) is checked one value at a time."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except Exception:  # noqa: BLE001  (Hydra refuses it itself, in its own words)
+        return []
+    given = {a.split("=", 1)[0].lstrip("+~") for a in args}
+    problems: list[str] = []
+    for o in parsed:
+        if o.key_or_group == "profile" and not o.is_delete():
+            for v in (o.sweep_iterator() if o.is_sweep_override() else [o.value()]):
+                names = tuple(map(str, v)) if isinstance(v, list) else (str(v),)
+                problems += [p for p in _shadowed(names, given) if p not in problems]
+    return problems
+
+
+def _shadowed(names: tuple[str, ...], given: set[str]) -> list[str]:
     from appliance.config.hydra_setup import profile_files
 
     files = profile_files()
-    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")}
     sets = [(n, _profile_keys(n, files)) for n in names]
     problems = []
     for i, (name, keys) in enumerate(sets):
