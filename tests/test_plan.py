@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from pathlib import Path
 
 import pytest
 from conftest import resolve_overrides
@@ -291,6 +293,39 @@ def test_fingerprint_sees_different_weights_of_one_shape():
     assert a.model.config_sha256 == b.model.config_sha256
     assert a.model.weight_bytes_on_disk == b.model.weight_bytes_on_disk
     assert a.fingerprint != b.fingerprint
+
+
+def test_fingerprint_sees_one_changed_weight_byte_anywhere(tmp_path, monkeypatch):
+    """The fingerprint sampled 16 windows a file: a probe flipped bits in layer 0's tensors
+    outside them, and the copy was served the original's SSD prefix entries (another first
+    token). Every byte counts now; a file's digest is kept by path, size and mtime."""
+    import shutil
+
+    from appliance.plan import model_info
+
+    monkeypatch.setattr(model_info, "DIGESTS", tmp_path / "digests.json")
+    src = Path(model_info.__file__).parents[1] / "embedded" / "tiny"
+    copies = []
+    for name in ("a", "b"):
+        shutil.copytree(src, tmp_path / name, ignore=shutil.ignore_patterns("mtp*"))
+        copies.append(tmp_path / name / "model.safetensors")
+    data = bytearray(copies[1].read_bytes())
+    data[len(data) // 2 + 12345] ^= 0x80  # a sign bit between the old sampled windows
+    copies[1].write_bytes(bytes(data))
+    a, b = (resolve_overrides(["model=local", f"model.path={f.parent}"]) for f in copies)
+    assert a.model.weight_bytes_on_disk == b.model.weight_bytes_on_disk
+    assert a.fingerprint != b.fingerprint
+    kept = json.loads((tmp_path / "digests.json").read_text())
+    assert len(kept) == 2 and all(str(f.resolve()) in " ".join(kept) for f in copies)
+    # kept digests are read back, not recomputed: a stale entry for an unchanged stat wins
+    key = next(k for k in kept if str(copies[0].resolve()) in k)
+    (tmp_path / "digests.json").write_text(json.dumps({**kept, key: "0" * 64}))
+    again = resolve_overrides(["model=local", f"model.path={copies[0].parent}"])
+    assert again.fingerprint != a.fingerprint
+    data[len(data) // 2 + 12345] ^= 0x80  # b back to a's bytes: a new mtime, a new digest
+    copies[1].write_bytes(bytes(data))
+    assert resolve_overrides(["model=local", f"model.path={copies[1].parent}"]).fingerprint \
+        == a.fingerprint
 
 
 def test_kv_schemes_state_their_true_bytes_and_capacity():

@@ -111,7 +111,7 @@ def resolve_draft(d: Any, target_dir: Path | None, info, dtype: str, batch_mode:
         return None if len(problems) > n else DraftPlan(
             kind="model", k=d.k, adaptive=d.adaptive, path=str(path), weight_bytes=weights,
             kv_bytes_per_token=per_tok, verify=verify,
-            content=f"{dinfo.config_sha256[:16]}-{dinfo.weights_sample_sha256[:16]}")
+            content=f"{dinfo.config_sha256[:16]}-{dinfo.weights_sha256[:16]}")
     # mtp
     from appliance.models import mtp
 

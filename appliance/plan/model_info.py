@@ -1,4 +1,5 @@
-"""What a model is, learned from its config.json and safetensors headers (never the weights).
+"""What a model is, learned from its config.json and safetensors headers (the weights are
+read only to digest them, once a file version).
 
 Layer kinds come from the cache objects mlx-lm's own model class would make:
 the class is instantiated lazily (MLX does not materialise its random init
@@ -37,24 +38,44 @@ class ModelInfo:
     float_weight_elements: int  # elements whose dtype a dtype override changes
     quantization: str | None  # e.g. "4bit/g64", None when unquantized
     config_sha256: str
-    weights_sample_sha256: str  # content sample of the weight files (see sample_weights)
+    weights_sha256: str  # the weight files' content (see weights_digest)
 
 
-SAMPLES, SAMPLE_BYTES = 16, 1 << 16
+DIGESTS = Path("~/.cache/appliance/digests.json")  # file digests by path, size and mtime
 
 
-def sample_weights(files: list[Path]) -> str:
-    """sha256 over 16 evenly spaced 64 KiB windows of each weight file (<= 1 MiB read per
-    file): two checkpoints of one shape differ here, without reading the weights whole."""
+def weights_digest(files: list[Path]) -> str:
+    """sha256 over the weight files' own sha256s. Each file is read whole once; its digest is
+    kept under DIGESTS, keyed by path, size and modification time, so later plans only stat
+    it. (16 sampled windows a file let two checkpoints that differ elsewhere share a
+    fingerprint, and so each other's SSD prefix entries: a probe flipped bits in layer 0.)"""
     import hashlib
+    import os
 
-    h = hashlib.sha256()
+    store = DIGESTS.expanduser()
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    h, fresh = hashlib.sha256(), {}
     for f in files:
-        size = f.stat().st_size
-        with open(f, "rb") as fh:
-            for i in range(SAMPLES):
-                fh.seek(max(0, (size - SAMPLE_BYTES) * i // (SAMPLES - 1)))
-                h.update(fh.read(SAMPLE_BYTES))
+        st = f.stat()
+        key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        if key not in known:
+            one = hashlib.sha256()
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    one.update(chunk)
+            fresh[key] = known[key] = one.hexdigest()
+        h.update(known[key].encode())
+    if fresh:  # (another process may write too: whole-file replace, last one wins)
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            tmp = store.with_name(f".{store.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(known))
+            os.replace(tmp, store)
+        except OSError:
+            pass  # a read-only home: the digest is recomputed next time
     return h.hexdigest()
 
 
@@ -108,7 +129,7 @@ def inspect_model(path: Path) -> ModelInfo:
                 tensors.append((meta["dtype"], _numel(meta["shape"])))
     raw = cfg_path.read_bytes()
     return describe(json.loads(raw), raw, tensors, sum(f.stat().st_size for f in files),
-                    sample_weights(files))
+                    weights_digest(files))
 
 
 def inspect_config(config: dict) -> ModelInfo:
@@ -135,7 +156,7 @@ def _numel(shape) -> int:
 
 
 def describe(config: dict, raw: bytes, tensors: list[tuple[str, int]],
-             weight_bytes: int, weights_sample: str) -> ModelInfo:
+             weight_bytes: int, weights_sha256: str) -> ModelInfo:
     import hashlib
 
     text = config.get("text_config", {})
@@ -172,5 +193,5 @@ def describe(config: dict, raw: bytes, tensors: list[tuple[str, int]],
         float_weight_elements=float_elems,
         quantization=quant,
         config_sha256=hashlib.sha256(raw).hexdigest(),
-        weights_sample_sha256=weights_sample,
+        weights_sha256=weights_sha256,
     )

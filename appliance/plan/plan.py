@@ -36,7 +36,7 @@ class ModelPlan:
     weight_bytes_on_disk: int
     weight_bytes: int  # resident, after any dtype cast
     config_sha256: str
-    weights_sample_sha256: str  # identifies the weights' content (model_info.sample_weights)
+    weights_sha256: str  # the weights' content (model_info.weights_digest)
     synthetic: dict | None = None  # {shape, bits, seed} for model=synthetic, else None
     dequantized: bool = False  # quantized layers held dense in `dtype` (model.dequantize)
 
@@ -184,7 +184,7 @@ def fingerprint(model: ModelPlan, kv: KVPlan, draft: DraftPlan) -> str:
     """
     key = {
         # Content, not location: the same weights under another path hash the same.
-        "model": [model.architecture, model.config_sha256, model.weights_sample_sha256,
+        "model": [model.architecture, model.config_sha256, model.weights_sha256,
                   model.weight_bytes_on_disk, model.parameters, model.revision,
                   model.synthetic],
         "dtype": model.dtype,

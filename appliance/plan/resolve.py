@@ -246,7 +246,7 @@ def resolve(cfg: Any, profiles: tuple[str, ...] = ()) -> ExecutionPlan:
         checkpoint_dtype=info.checkpoint_dtype, dtype=dtype, quantization=info.quantization,
         weight_bytes_on_disk=info.weight_bytes,
         weight_bytes=dense_bytes(info, dtype) if dense else weights_resident(info, dtype),
-        config_sha256=info.config_sha256, weights_sample_sha256=info.weights_sample_sha256,
+        config_sha256=info.config_sha256, weights_sha256=info.weights_sha256,
         synthetic={"shape": m.shape, "bits": m.bits, "seed": m.seed}
         if m.source == "synthetic" else None, dequantized=dense,
     )
