@@ -286,6 +286,23 @@ def test_chains_hold_under_branching_turns_evictions_corruption_and_restarts(tmp
     again.close()
 
 
+def test_one_server_a_directory(tmp_path, caplog):
+    """Two servers on one cache.ssd.path: the second's start deleted the first's half-written
+    blobs as crash leftovers (a probe), and each counted the cap alone. The second now runs
+    without the tier, saying why; once the first closes, the directory is free again."""
+    first = SsdTier(tmp_path, 1 << 30, FP)
+    first.put([1, 2, 3], _layers_for([1, 2, 3]))
+    second = SsdTier(tmp_path, 1 << 30, FP)
+    assert first.disabled is None
+    assert "another appliance process uses it" in second.disabled
+    assert "SSD prefix cache disabled" in caplog.text
+    second.close()
+    first.close()
+    third = SsdTier(tmp_path, 1 << 30, FP)
+    assert third.disabled is None and len(third._meta) == 1
+    third.close()
+
+
 def test_a_turn_extends_a_prefix_still_queued_for_the_disk(tmp_path):
     """Agents arriving together end their first turns before the shared prompt's blob has
     landed: a turn extends the queued prompt (written first, one queue), and a restart

@@ -67,6 +67,22 @@ def may_write(now: float, last_step: float, queued_at: float, backlog: int,
             or now - queued_at >= MAX_DEFER_S)
 
 
+def _claim(path: Path):
+    """Lock the directory for this process (released on close or when the process ends, kill
+    -9 included). A second server on it would delete the first's half-written blobs as crash
+    leftovers at its start, and each would count the byte cap alone."""
+    import fcntl
+
+    f = open(path, "a")  # noqa: SIM115  (held open: the lock lives as long as the file)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise RuntimeError("another appliance process uses it; give each server its own "
+                           "cache.ssd.path") from None
+    return f
+
+
 def _key(tokens) -> str:
     import array
 
@@ -98,10 +114,12 @@ class SsdTier:
 
         self._on_cuda = hasattr(mx, "cuda") and mx.cuda.is_available()
         self._lock = threading.Lock()  # _meta / _trie: engine thread reads, writer writes
+        self._owner = None  # the open lock file: one process a directory
         try:
             import diskcache
 
             (self.dir / "blobs").mkdir(parents=True, exist_ok=True)
+            self._owner = _claim(self.dir / "lock")
             probe = self.dir / "blobs" / ".probe"
             probe.write_bytes(b"ok")
             probe.unlink()
@@ -109,7 +127,7 @@ class SsdTier:
                                           cull_limit=0, statistics=0, size_limit=2**62)
             self._load_index()
             self._log_opened()
-        except Exception as e:  # unwritable, missing, corrupt index: off, with one warning
+        except Exception as e:  # unwritable, missing, in use, corrupt index: off, one warning
             self._disable(f"cannot use {self.dir}: {e}")
         self._writer_done = threads.start("ssd-writer", self._write_loop)
 
@@ -305,6 +323,8 @@ class SsdTier:
         self._closing = True
         self._queue.put(("stop",))
         self._writer_done.wait()
+        if self._owner is not None:
+            self._owner.close()  # (releases the lock)
         log.info("SSD prefix cache closed: %d entries on disk; %d pending writes finished "
                  "in %.1f s", len(self._meta), pending, time.perf_counter() - t)
 
