@@ -286,6 +286,16 @@ def test_chains_hold_under_branching_turns_evictions_corruption_and_restarts(tmp
     again.close()
 
 
+def test_an_entry_larger_than_the_cap_counts_as_skipped(tmp_path):
+    """With cache.ssd.bytes=1MiB a probe's entries vanished from the counters: neither
+    written nor skipped. An entry bigger than the whole tier is now counted as skipped."""
+    tier = SsdTier(tmp_path, 1_000, FP)
+    tier.put(list(range(1, 41)), _layers_for(list(range(1, 41))))
+    tier.close()
+    assert (tier.writes, tier.skipped, len(tier._meta)) == (0, 1, 0)
+    assert tier.stats()["skipped"] == 1
+
+
 def test_one_server_a_directory(tmp_path, caplog):
     """Two servers on one cache.ssd.path: the second's start deleted the first's half-written
     blobs as crash leftovers (a probe), and each counted the cap alone. The second now runs

@@ -99,7 +99,7 @@ class SsdTier:
         self.disabled: str | None = None
         self.hits = self.misses = self.hit_tokens = self.evictions = self.writes = 0
         self.dropped = 0  # corrupt / foreign blobs found and removed
-        self.skipped = 0  # entries not written: the queue was full, or no memory for a copy
+        self.skipped = 0  # not written: queue full, no memory for a copy, larger than the cap
         self._meta: dict[str, dict] = {}  # key -> {tokens, file, nbytes, crcs, used}
         self._trie = TokenTrie()
         self._queue: queue.Queue = queue.Queue()
@@ -383,7 +383,8 @@ class SsdTier:
         try:
             write_safetensors(tmp, *blob)
             size = tmp.stat().st_size
-            if size > self.cap_bytes:
+            if size > self.cap_bytes:  # (larger than the whole tier: never written)
+                self.skipped += 1
                 return tmp.unlink()
             fd = os.open(tmp, os.O_RDONLY)
             try:
