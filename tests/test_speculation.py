@@ -1060,6 +1060,30 @@ def test_the_plan_counts_the_draft_in_memory_and_fingerprints_its_content():
             plan.draft.content)
 
 
+def test_two_mtp_heads_of_one_shape_have_two_fingerprints(tmp_path, monkeypatch):
+    """The head's part of the fingerprint hashed its tensors' names, dtypes and shapes, so
+    another head of the same shape (retrained) shared the plan's SSD entries (a probe)."""
+    import shutil
+    from pathlib import Path
+
+    from conftest import resolve_overrides
+
+    from appliance.plan import model_info
+
+    monkeypatch.setattr(model_info, "DIGESTS", tmp_path / "digests.json")
+    src = Path(model_info.__file__).parents[1] / "embedded" / "tiny" / "mtp.safetensors"
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    shutil.copy(src, a)
+    data = bytearray(src.read_bytes())
+    data[-100] ^= 0x80  # one sign bit of the last tensor
+    b.write_bytes(bytes(data))
+    pa, pb = (resolve_overrides(["draft=mtp", f"draft.head={h}"]) for h in (a, b))
+    assert pa.draft.weight_bytes == pb.draft.weight_bytes
+    assert pa.fingerprint != pb.fingerprint
+    c = shutil.copy(a, tmp_path / "c.safetensors")  # the same bytes elsewhere: the same plan
+    assert resolve_overrides(["draft=mtp", f"draft.head={c}"]).fingerprint == pa.fingerprint
+
+
 def test_the_headline_serves_through_the_openai_api(tmp_path):
     """`appliance +profile=agent-fleet kv=turboquant draft=mtp`: the plan resolves, a real
     server speculates with the embedded MTP head over TurboQuant KV, batched, and its text

@@ -114,6 +114,7 @@ def resolve_draft(d: Any, target_dir: Path | None, info, dtype: str, batch_mode:
             content=f"{dinfo.config_sha256[:16]}-{dinfo.weights_sha256[:16]}")
     # mtp
     from appliance.models import mtp
+    from appliance.plan.model_info import weights_digest
 
     head = d.head or "checkpoint"
     if head == "checkpoint":
@@ -136,7 +137,8 @@ def resolve_draft(d: Any, target_dir: Path | None, info, dtype: str, batch_mode:
     return None if len(problems) > n else DraftPlan(
         kind="mtp", k=d.k, adaptive=d.adaptive, path=where, head=head, weight_bytes=weights,
         kv_bytes_per_token=per_tok, verify=verify,
-        content=_headers_id(mtp._sources(target_dir, None if head == "checkpoint" else p)))
+        content=weights_digest(mtp._sources(target_dir, None if head == "checkpoint" else p))
+        [:16])
 
 
 def _draft_dir(d: Any, problems: list[str]) -> Path | None:
@@ -185,17 +187,3 @@ def _vocab(path: Path) -> tuple | None:
 def _same_tokenizer(a: Path | None, b: Path) -> bool:
     va = _vocab(a) if a is not None else None
     return va is not None and va == _vocab(b)
-
-
-
-def _headers_id(files: list[Path]) -> str:
-    """A hash of the head's tensors as stored (names, dtypes, shapes and offsets)."""
-    import hashlib
-
-    from appliance.plan.model_info import read_safetensors_header
-
-    h = hashlib.sha256()
-    for f in files:
-        h.update(json.dumps(read_safetensors_header(f), sort_keys=True).encode())
-        h.update(str(f.stat().st_size).encode())
-    return h.hexdigest()[:16]
