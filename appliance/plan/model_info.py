@@ -56,8 +56,9 @@ def weights_digest(files: list[Path]) -> str:
     try:
         known = json.loads(store.read_text())
     except (OSError, ValueError):
-        known = {}
-    h, fresh = hashlib.sha256(), {}
+        known = None
+    known = known if isinstance(known, dict) else {}
+    h, fresh = hashlib.sha256(), False
     for f in files:
         st = f.stat()
         key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
@@ -66,7 +67,7 @@ def weights_digest(files: list[Path]) -> str:
             with open(f, "rb") as fh:
                 while chunk := fh.read(1 << 22):
                     one.update(chunk)
-            fresh[key] = known[key] = one.hexdigest()
+            known[key], fresh = one.hexdigest(), True
         h.update(known[key].encode())
     if fresh:  # (another process may write too: whole-file replace, last one wins)
         try:
