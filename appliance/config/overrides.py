@@ -24,49 +24,37 @@ def profile_settings(names: tuple[str, ...], sections: tuple[str, ...]) -> list[
     """What the named profiles set in `sections`, as overrides (`bench.agents=4 (+profile=x)`):
     checked as the command line's are, so a profile's bench or tune settings are never
     taken and dropped either."""
-    import yaml
-
     from appliance.config.hydra_setup import profile_files
 
-    files, out = profile_files(), []
+    files = profile_files()
+    return [f"{k}={v} (+profile={name})" for name in names
+            for k, v in _profile_items(name, files, groups=False).items()
+            if k.split(".")[0] in sections]
+
+
+def _profile_items(name: str, files: dict, groups: bool = True) -> dict[str, Any]:
+    """Every key a profile sets, dotted (`machine.memory_gb`), with its value; with `groups`,
+    its group overrides too, as the group (`override /cache: tiered` sets `cache`)."""
+    import yaml
+
+    data = yaml.safe_load(files[name].read_text()) if name in files else None
+    items: dict[str, Any] = {}
 
     def flat(prefix: str, node) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 flat(f"{prefix}.{k}", v)
         else:
-            out.append(f"{prefix}={node} (+profile={name})")
+            items[prefix] = node
 
-    for name in names:
-        data = yaml.safe_load(files[name].read_text()) if name in files else None
-        for section in sections:
-            if isinstance(data, dict) and section in data:
-                flat(section, data[section])
-    return out
-
-
-def _profile_keys(name: str, files: dict) -> set[str]:
-    """Every key a profile sets, dotted (`machine.memory_gb`), its group overrides as the
-    group (`override /cache: tiered` sets `cache`)."""
-    import yaml
-
-    data = yaml.safe_load(files[name].read_text()) if name in files else None
-    keys: set[str] = set()
-
-    def flat(prefix: str, node) -> None:
-        if isinstance(node, dict) and node:
-            for k, v in node.items():
-                flat(f"{prefix}.{k}" if prefix else str(k), v)
-        elif prefix:
-            keys.add(prefix)
-
-    for k, v in (data or {}).items():
+    for k, v in (data if isinstance(data, dict) else {}).items():
         if k == "defaults":
-            keys.update(str(g).split()[-1].strip("/") for item in v or []
-                        if isinstance(item, dict) for g in item)
+            if groups:
+                items.update((str(g).split()[-1].strip("/"), o) for item in v or []
+                             if isinstance(item, dict) for g, o in item.items())
         else:
             flat(str(k), v)
-    return keys
+    return items
 
 
 def shadowed_profiles(argv: list[str]) -> list[str]:
@@ -94,7 +82,7 @@ def _shadowed(names: tuple[str, ...], given: set[str]) -> list[str]:
     from appliance.config.hydra_setup import profile_files
 
     files = profile_files()
-    sets = [(n, _profile_keys(n, files)) for n in names]
+    sets = [(n, set(_profile_items(n, files))) for n in names]
     problems = []
     for i, (name, keys) in enumerate(sets):
         by = [n for n, k in sets[i + 1:] if k & keys]
